@@ -16,6 +16,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "batching"): "alignedserve.batching.bench",
     ("bench", "engine"): "alignedserve.engine.bench",
     ("bench", "transfer"): "alignedserve.transfer.bench",
+    ("bench", "bus"): "alignedserve.bus.bench",
     ("bench", "stack"): "alignedserve_services.bench",
     ("up",): "alignedserve_services.up",
     ("gateway",): "alignedserve_services.gateway.main",

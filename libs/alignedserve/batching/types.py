@@ -52,7 +52,9 @@ class BatchPolicy(Protocol):
         """Choose, remove from the pool and return the next batch ([] when it should wait for more)."""
         ...
 
-    def prefetch_candidates(self, lo: int, hi: int, max_blocks: int, max_requests: int) -> list[WaitingRequest]:
+    def prefetch_candidates(
+        self, lo: int, hi: int, max_blocks: int, max_requests: int
+    ) -> list[WaitingRequest]:
         """Remove and return waiting requests with lo <= prefix_len <= hi (oldest first), within limits."""
         ...
 
@@ -92,3 +94,6 @@ class IterationPlan:
     admitted: tuple[str, ...]  # joined the running batch
     admitted_from: str  # "requests" | "batch" | "" (nothing admitted)
     switching: bool  # the next iteration mixes two origin batches
+    # blocks still free once the plan is applied and every running request (admitted ones included)
+    # has taken the block its next token needs
+    free_blocks_after: int = 0

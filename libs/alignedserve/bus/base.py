@@ -1,0 +1,280 @@
+"""One async bus interface over Redis Streams and Kafka: publish, consume in groups, handle, then ack.
+
+Delivery is at-least-once: a message is acknowledged (Redis XACK, Kafka offset commit) only after its
+handler returned, so a consumer that dies mid-message leaves it to be delivered again — to a live member
+of the group (Redis: reclaimed after `claim_idle`; Kafka: after the session timeout and a rebalance).
+Handlers must therefore be idempotent. Two layers help:
+  * every subscription drops a message whose `message_id` it has already handled (`SeenIds`, bounded
+    memory) — covers redelivery to the same process and a producer re-publishing the same message;
+  * across processes, handlers key their effects on domain identity (request id, token position:
+    see `token_stream.TokenStream`), so a second handling of the same fact changes nothing.
+A payload that does not decode, or whose handler still fails after `max_attempts`, goes to the
+topic's dead-letter topic (`topics.dead_letter`) and is acknowledged: one bad message never blocks a group.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Literal, Protocol, Self
+
+from alignedserve.bus.messages import Message, MessageError, decode
+
+log = logging.getLogger("alignedserve.bus")
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Where a message came from, for logs and metrics."""
+
+    topic: str
+    bus_id: str  # Redis entry id, or "partition:offset" on Kafka
+    redelivered: bool  # known to have been delivered before (Redis: reclaimed or re-read pending)
+
+
+class Handler(Protocol):
+    async def __call__(self, message: Message, delivery: Delivery, /) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerOptions:
+    batch: int = 64  # messages fetched per read
+    max_attempts: int = 3  # handler tries before a message is dead-lettered
+    retry_backoff_s: float = 0.05  # doubled after each failed try
+    start: Literal["earliest", "latest"] = "earliest"  # where a new group starts reading
+    dedup_capacity: int = 100_000  # message ids remembered per subscription (0: no de-dup)
+    drain_timeout_s: float = 10.0  # stop(): how long an in-flight handler may take to finish
+
+
+class SeenIds:
+    """A set of the most recent `capacity` ids: membership is O(1), memory is bounded."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        self.capacity = capacity
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, message_id: object) -> bool:
+        return message_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def discard(self, message_id: str) -> None:
+        self._ids.pop(message_id, None)
+
+    def add(self, message_id: str) -> None:
+        if self.capacity == 0:
+            return
+        self._ids[message_id] = None
+        self._ids.move_to_end(message_id)
+        if len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+
+
+@dataclass(slots=True)
+class ConsumerStats:
+    delivered: int = 0  # payloads fetched (including redeliveries and duplicates)
+    handled: int = 0  # handler completed
+    duplicates: int = 0  # dropped: message id already handled here
+    dead_lettered: int = 0
+    redelivered: int = 0  # fetched again after a consumer died (or this one restarted)
+    lag_s: list[float] = field(default_factory=list)  # created_at -> handler start, last 1024
+
+
+DeadLetter = Callable[[str, bytes, str], Awaitable[None]]  # (topic, payload, error) -> None
+
+
+class Dispatcher:
+    """Decode, de-duplicate, run the handler with retries, dead-letter what cannot be handled."""
+
+    def __init__(
+        self, handler: Handler, options: ConsumerOptions, dead_letter: DeadLetter, name: str
+    ) -> None:
+        self.handler = handler
+        self.options = options
+        self.dead_letter = dead_letter
+        self.name = name
+        self.seen = SeenIds(options.dedup_capacity)
+        self.stats = ConsumerStats()
+
+    async def dispatch(self, payload: bytes, delivery: Delivery, now: Callable[[], float]) -> None:
+        """Returns once the message may be acknowledged (handled, duplicate or dead-lettered)."""
+        self.stats.delivered += 1
+        self.stats.redelivered += delivery.redelivered
+        try:
+            message = decode(payload)
+        except MessageError as exc:
+            log.error("%s: undecodable message %s on %s: %s", self.name, delivery.bus_id, delivery.topic, exc)
+            await self._dead(delivery, payload, str(exc))
+            return
+        if message.message_id in self.seen:
+            self.stats.duplicates += 1
+            return
+        self._record_lag(now() - message.created_at)
+        if await self._handle(message, delivery, payload):
+            self.seen.add(message.message_id)
+            self.stats.handled += 1
+
+    async def _handle(self, message: Message, delivery: Delivery, payload: bytes) -> bool:
+        for attempt in range(1, self.options.max_attempts + 1):
+            try:
+                await self.handler(message, delivery)
+                return True
+            except Exception as exc:  # a handler bug or a transient failure: retry, then dead-letter
+                log.warning(
+                    "%s: handler failed on %s %s (try %d/%d): %r",
+                    self.name,
+                    message.TYPE,
+                    message.message_id,
+                    attempt,
+                    self.options.max_attempts,
+                    exc,
+                )
+                if attempt == self.options.max_attempts:
+                    await self._dead(delivery, payload, repr(exc))
+                    return False
+                await asyncio.sleep(self.options.retry_backoff_s * 2 ** (attempt - 1))
+        return False
+
+    async def _dead(self, delivery: Delivery, payload: bytes, error: str) -> None:
+        self.stats.dead_lettered += 1
+        await self.dead_letter(delivery.topic, payload, error)
+
+    def _record_lag(self, lag_s: float) -> None:
+        lags = self.stats.lag_s
+        lags.append(lag_s)
+        if len(lags) > 1024:
+            del lags[:512]
+
+
+class Subscription(abc.ABC):
+    """A running consume loop of one member of a consumer group. Stop it with `await stop()`."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+        self._ready = asyncio.Event()
+        self._stopping = False
+        self._fetching = False  # True while blocked on the broker: safe to cancel (nothing in hand)
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def stats(self) -> ConsumerStats:
+        return self.dispatcher.stats
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run_guarded(), name=self.dispatcher.name)
+
+    async def ready(self, timeout: float = 30.0) -> None:
+        """Wait until this member receives messages (Kafka: partitions assigned)."""
+        await asyncio.wait_for(self._ready.wait(), timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def stop(self) -> None:
+        """Finish the message in hand, acknowledge it, leave the group. Safe to call twice."""
+        self._stopping = True
+        task = self._task
+        if task is None or self._closed:
+            return
+        self._closed = True
+        if self._fetching:
+            task.cancel()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), self.dispatcher.options.drain_timeout_s)
+        except TimeoutError:
+            log.warning("%s: handler still busy after drain timeout; cancelling", self.dispatcher.name)
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await self._close()
+
+    async def wait(self) -> None:
+        """Until the loop ends (it only ends by stop(), or by raising)."""
+        if self._task is not None:
+            await self._task
+
+    async def _run_guarded(self) -> None:
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise
+        except Exception:
+            log.exception("%s: consume loop crashed", self.dispatcher.name)
+            raise
+
+    @abc.abstractmethod
+    async def _run(self) -> None: ...
+
+    @abc.abstractmethod
+    async def _close(self) -> None: ...
+
+
+class Bus(abc.ABC):
+    """Control-plane bus: typed messages on named topics, consumer groups, at-least-once delivery."""
+
+    url: str
+
+    @abc.abstractmethod
+    async def connect(self) -> None:
+        """Check the broker answers (raises `BusUnavailable` with the URL otherwise)."""
+
+    @abc.abstractmethod
+    async def publish(self, topic: str, message: Message) -> None: ...
+
+    async def publish_many(self, topic: str, messages: Sequence[Message]) -> None:
+        for message in messages:
+            await self.publish(topic, message)
+
+    @abc.abstractmethod
+    async def subscribe(
+        self,
+        topics: str | Sequence[str],
+        *,
+        group: str,
+        consumer: str,
+        handler: Handler,
+        options: ConsumerOptions | None = None,
+    ) -> Subscription:
+        """Join `group` as `consumer` and run `handler` on each message, in order per topic/partition."""
+
+    @abc.abstractmethod
+    async def backlog(self, topic: str, group: str) -> int:
+        """Messages on `topic` the group has not acknowledged yet (pending + not yet delivered)."""
+
+    @abc.abstractmethod
+    async def delete_topics(self, *topics: str) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+class BusUnavailable(ConnectionError):
+    """The broker named by a bus URL does not answer."""
+
+
+def as_topics(topics: str | Sequence[str]) -> list[str]:
+    names = [topics] if isinstance(topics, str) else list(topics)
+    if not names or not all(names):
+        raise ValueError(f"subscribe needs at least one non-empty topic name, got {topics!r}")
+    return names

@@ -1,0 +1,278 @@
+"""Kafka bus (aiokafka): one topic per control topic, consumer groups, offsets committed after handling.
+
+Auto-commit is off: a partition's offset is committed only after the handler returned for every record
+up to it, so a member that dies mid-message has its partitions reassigned (after `session_timeout_ms`)
+and the new owner starts at the last committed offset — the message is delivered again. Topics are
+created on first use with `partitions` partitions (a group spreads over at most that many members).
+Messages with the same `routing_key()` (request id, worker id) go to one partition and keep their order.
+
+URL: ``kafka://host:port[,host:port]?partitions=8&session_timeout_ms=6000&heartbeat_interval_ms=1000
+&rebalance_timeout_ms=6000&poll_ms=500&fetch_max_wait_ms=25`` — a test broker wants ~1 s session/rebalance timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from urllib.parse import parse_qsl, urlsplit
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaConnectionError,
+    KafkaError,
+    TopicAlreadyExistsError,
+)
+
+from alignedserve.bus import topics as topic_names
+from alignedserve.bus.base import (
+    Bus,
+    BusUnavailable,
+    ConsumerOptions,
+    Delivery,
+    Dispatcher,
+    Handler,
+    Subscription,
+    as_topics,
+)
+from alignedserve.bus.messages import Message, encode
+
+log = logging.getLogger("alignedserve.bus")
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaOptions:
+    partitions: int = 8  # for topics this bus creates
+    session_timeout_ms: int = 6_000  # a silent member is dropped (and its partitions reassigned) after this
+    heartbeat_interval_ms: int = 1_000
+    rebalance_timeout_ms: int = 6_000
+    request_timeout_ms: int = 15_000
+    poll_ms: int = 500  # getmany() wait (bounds how quickly stop() is noticed between messages)
+    # broker-side fetch wait: Kafka answers early when data arrives, tansu 0.6 waits it out, so this
+    # bounds control-message latency there (25 ms: ~40 idle fetches/s per consumer)
+    fetch_max_wait_ms: int = 25
+
+
+def parse_url(url: str) -> tuple[str, KafkaOptions]:
+    """kafka://h1:p1,h2:p2?opt=... -> ("h1:p1,h2:p2", options)."""
+    parts = urlsplit(url)
+    if parts.scheme != "kafka" or not parts.netloc:
+        raise ValueError(f"not a Kafka bus URL (kafka://host:port): {url!r}")
+    known = {f.name for f in fields(KafkaOptions)}
+    query = parse_qsl(parts.query)
+    unknown = [k for k, _ in query if k not in known]
+    if unknown:
+        raise ValueError(f"unknown Kafka bus option(s) {unknown}; known: {sorted(known)}")
+    bad = [(k, v) for k, v in query if not v.isdigit()]
+    if bad:
+        raise ValueError(f"Kafka bus options must be non-negative integers: {bad}")
+    return parts.netloc, KafkaOptions(**{k: int(v) for k, v in query})
+
+
+class KafkaBus(Bus):
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.bootstrap, self.options = parse_url(url)
+        self._producer: AIOKafkaProducer | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+        self._known_topics: set[str] = set()
+        self._subscriptions: list[KafkaSubscription] = []
+
+    async def connect(self) -> None:
+        if self._producer is not None:
+            return
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, acks="all", request_timeout_ms=self.options.request_timeout_ms
+        )
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap, request_timeout_ms=self.options.request_timeout_ms
+        )
+        try:
+            await producer.start()
+            await admin.start()
+        except KafkaConnectionError as exc:
+            await producer.stop()
+            await admin.close()
+            raise BusUnavailable(f"Kafka at {self.url} does not answer: {exc}") from exc
+        self._producer, self._admin = producer, admin
+
+    def _started(self) -> tuple[AIOKafkaProducer, AIOKafkaAdminClient]:
+        if self._producer is None or self._admin is None:
+            raise RuntimeError("KafkaBus used before connect() (use connect_bus or `async with`)")
+        return self._producer, self._admin
+
+    async def ensure_topics(self, topics: Sequence[str]) -> None:
+        _, admin = self._started()
+        missing = [t for t in topics if t not in self._known_topics]
+        if not missing:
+            return
+        existing = set(await admin.list_topics())
+        to_create = [NewTopic(t, self.options.partitions, 1) for t in missing if t not in existing]
+        if to_create:
+            # another process may create it between our list and create
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(to_create)
+        self._known_topics.update(missing)
+
+    async def publish(self, topic: str, message: Message) -> None:
+        producer, _ = self._started()
+        await self.ensure_topics([topic])
+        key = message.routing_key()
+        await producer.send_and_wait(topic, encode(message), key=key.encode() if key else None)
+
+    async def publish_many(self, topic: str, messages: Sequence[Message]) -> None:
+        producer, _ = self._started()
+        await self.ensure_topics([topic])
+        sent = []
+        for message in messages:
+            key = message.routing_key()
+            sent.append(await producer.send(topic, encode(message), key=key.encode() if key else None))
+        await asyncio.gather(*sent)
+
+    async def subscribe(
+        self,
+        topics: str | Sequence[str],
+        *,
+        group: str,
+        consumer: str,
+        handler: Handler,
+        options: ConsumerOptions | None = None,
+    ) -> Subscription:
+        names = as_topics(topics)
+        opts = options or ConsumerOptions()
+        await self.ensure_topics(names)
+        kafka_consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=group,
+            client_id=consumer,
+            enable_auto_commit=False,
+            auto_offset_reset=opts.start,
+            session_timeout_ms=self.options.session_timeout_ms,
+            heartbeat_interval_ms=self.options.heartbeat_interval_ms,
+            rebalance_timeout_ms=self.options.rebalance_timeout_ms,
+            request_timeout_ms=self.options.request_timeout_ms,
+            max_poll_records=opts.batch,
+            fetch_max_wait_ms=self.options.fetch_max_wait_ms,
+        )
+        dispatcher = Dispatcher(handler, opts, self._dead_letter, f"kafka:{group}/{consumer}")
+        sub = KafkaSubscription(kafka_consumer, self.options, dispatcher)
+        kafka_consumer.subscribe(names, listener=sub.listener)
+        await kafka_consumer.start()
+        self._subscriptions.append(sub)
+        sub.start()
+        return sub
+
+    async def _dead_letter(self, topic: str, payload: bytes, error: str) -> None:
+        producer, _ = self._started()
+        dead = topic_names.dead_letter(topic)
+        await self.ensure_topics([dead])
+        await producer.send_and_wait(dead, payload, headers=[("error", error.encode())])
+
+    async def backlog(self, topic: str, group: str) -> int:
+        """End offsets minus the group's commits. Exact on Kafka; tansu 0.6 undercounts the end of a
+        partition whose last produce carried several records (it reports base offset + 1)."""
+        self._started()
+        # a group member that never subscribes: it can read the group's committed offsets without
+        # joining (the admin client's OffsetFetch version is not understood by every broker)
+        probe = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=group, enable_auto_commit=False)
+        await probe.start()
+        try:
+            partitions = [TopicPartition(topic, p) for p in await _partitions(probe, topic)]
+            ends = await probe.end_offsets(partitions)
+            total = 0
+            for tp in partitions:
+                done = await probe.committed(tp)
+                # tansu 0.6 reports a multi-record batch's end as base+1: never count below zero
+                total += max(0, ends[tp] - (done if done is not None and done >= 0 else 0))
+            return total
+        finally:
+            await probe.stop()
+
+    async def delete_topics(self, *topics: str) -> None:
+        _, admin = self._started()
+        existing = set(await admin.list_topics())
+        doomed = [t for t in (*topics, *(topic_names.dead_letter(t) for t in topics)) if t in existing]
+        if doomed:
+            await admin.delete_topics(doomed)
+        self._known_topics.difference_update(doomed)
+
+    async def close(self) -> None:
+        for sub in self._subscriptions:
+            await sub.stop()
+        self._subscriptions.clear()
+        if self._producer is not None:
+            await self._producer.stop()
+        if self._admin is not None:
+            await self._admin.close()
+        self._producer = self._admin = None
+
+
+async def _partitions(probe: AIOKafkaConsumer, topic: str) -> list[int]:
+    for _ in range(50):  # metadata for a fresh topic can take a moment to appear
+        found = probe.partitions_for_topic(topic)
+        if found:
+            return sorted(found)
+        await probe._client.force_metadata_update()
+        await asyncio.sleep(0.05)
+    raise KeyError(f"Kafka topic {topic!r} has no partitions")
+
+
+class _Assignments(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, ready: asyncio.Event) -> None:
+        self._ready = ready
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Nothing to flush: offsets are committed right after each handled record batch."""
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._ready.set()
+
+
+class KafkaSubscription(Subscription):
+    def __init__(self, consumer: AIOKafkaConsumer, options: KafkaOptions, dispatcher: Dispatcher) -> None:
+        super().__init__(dispatcher)
+        self._consumer = consumer
+        self._options = options
+        self.listener = _Assignments(self._ready)
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            self._fetching = True
+            try:
+                batches = await self._consumer.getmany(timeout_ms=self._options.poll_ms)
+            finally:
+                self._fetching = False
+            for tp, records in batches.items():
+                await self._handle(tp, records)
+
+    async def _handle(self, tp: TopicPartition, records: Sequence[object]) -> None:
+        next_offset: int | None = None
+        try:
+            for record in records:
+                if self._stopping and next_offset is not None:
+                    break
+                offset: int = record.offset  # type: ignore[attr-defined]
+                delivery = Delivery(tp.topic, f"{tp.partition}:{offset}", redelivered=False)
+                await self.dispatcher.dispatch(record.value, delivery, time.time)  # type: ignore[attr-defined]
+                next_offset = offset + 1
+        finally:
+            if next_offset is not None:
+                await asyncio.shield(self._commit(tp, next_offset))
+
+    async def _commit(self, tp: TopicPartition, offset: int) -> None:
+        try:
+            await self._consumer.commit({tp: offset})
+        except (CommitFailedError, IllegalStateError) as exc:
+            # the partition moved to another member mid-batch: it will redeliver from the last commit
+            log.warning("%s: commit of %s@%d lost to a rebalance: %s", self.dispatcher.name, tp, offset, exc)
+        except KafkaError as exc:
+            log.warning("%s: commit of %s@%d failed: %r", self.dispatcher.name, tp, offset, exc)
+
+    async def _close(self) -> None:
+        await self._consumer.stop()  # leaves the group: its partitions move to the other members

@@ -1,0 +1,197 @@
+"""Attention over the paged KV cache, for prefill chunks and for variable-length decode batches.
+
+Decode is where batch shape matters: every row has its own context length. A `DecodeGrouping` splits
+the rows into groups; each group runs one SDPA call over its rows' KV gathered block-wise and padded
+to the group's longest context (padding masked out). One group is "padded batched SDPA", one group per
+row is "per-sequence calls", groups of similar lengths are "per-length buckets". The plan is made once
+per iteration and reused by every layer. All of it is device-agnostic torch (CPU and CUDA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from alignedserve.engine.kv_cache import PagedKvCache
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    """Rows of the decode batch that share one SDPA call.
+
+    rows: [G] int64 row indices into the batch; block_tables: [G, n_blocks] int64 (padded with 0);
+    mask: [G, 1, 1, n_blocks * block_size] bool, True where a key is inside that row's context;
+    None when every row's context fills the group exactly (no padding)."""
+
+    rows: torch.Tensor
+    block_tables: torch.Tensor
+    mask: torch.Tensor | None
+    context_len: int  # keys per row after trimming the padded gather
+
+
+class DecodeGrouping(Protocol):
+    """Splits context lengths into groups of row indices (each group: one SDPA call)."""
+
+    name: str
+
+    def groups(self, context_lens: list[int]) -> list[list[int]]: ...
+
+
+class PaddedGrouping:
+    """One call for the whole batch, padded to the longest context."""
+
+    name = "padded"
+
+    def groups(self, context_lens: list[int]) -> list[list[int]]:
+        return [list(range(len(context_lens)))]
+
+
+class PerSequenceGrouping:
+    """One call per row: no padding, most call overhead."""
+
+    name = "per_sequence"
+
+    def groups(self, context_lens: list[int]) -> list[list[int]]:
+        return [[row] for row in range(len(context_lens))]
+
+
+class BucketedGrouping:
+    """Rows sorted by length; a new group starts when padding a row to the group's longest context would
+    waste more than `max_pad_tokens` keys (an extra call costs about that much), or when the group's
+    padded keys would pass `max_group_keys` (large gathers fall out of cache and cost page faults)."""
+
+    name = "bucketed"
+
+    def __init__(self, max_pad_tokens: int, max_group_keys: int = 1 << 62) -> None:
+        self.max_pad_tokens = max_pad_tokens
+        self.max_group_keys = max_group_keys
+
+    def groups(self, context_lens: list[int]) -> list[list[int]]:
+        order = sorted(range(len(context_lens)), key=lambda row: -context_lens[row])
+        groups: list[list[int]] = []
+        longest = -1
+        for row in order:
+            length = context_lens[row]
+            if (
+                not groups
+                or longest - length > self.max_pad_tokens
+                or (len(groups[-1]) + 1) * longest > self.max_group_keys
+            ):
+                groups.append([])
+                longest = length
+            groups[-1].append(row)
+        return groups
+
+
+def plan_decode(
+    grouping: DecodeGrouping,
+    context_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device,
+) -> list[DecodeGroup]:
+    """Per-iteration decode plan: tensors every layer reuses. context_lens include the new token."""
+    plan = []
+    for rows in grouping.groups(context_lens):
+        lens = [context_lens[r] for r in rows]
+        longest = max(lens)
+        n_blocks = -(-longest // block_size)
+        tables = [_padded(block_tables[r], n_blocks) for r in rows]
+        mask = None
+        if min(lens) != longest:
+            keys = torch.arange(longest, device=device)
+            mask = (keys.unsqueeze(0) < torch.tensor(lens, device=device).unsqueeze(1)).view(
+                len(rows), 1, 1, longest
+            )
+        plan.append(
+            DecodeGroup(
+                rows=torch.tensor(rows, dtype=torch.int64, device=device),
+                block_tables=torch.tensor(tables, dtype=torch.int64, device=device),
+                mask=mask,
+                context_len=longest,
+            )
+        )
+    return plan
+
+
+def _padded(table: list[int], n_blocks: int) -> list[int]:
+    head = table[:n_blocks]
+    return head + [0] * (n_blocks - len(head))
+
+
+def gather_blocks(blocks: torch.Tensor, block_tables: torch.Tensor, context_len: int) -> torch.Tensor:
+    """[num_blocks, bs, kvh, d] gathered by [G, n] tables -> [G, kvh, context_len, d] (a strided view)."""
+    groups, n = block_tables.shape
+    gathered = blocks.index_select(0, block_tables.view(-1))  # [G * n, bs, kvh, d]: one copy
+    gathered = gathered.view(groups, n * blocks.shape[1], blocks.shape[2], blocks.shape[3])
+    return gathered[:, :context_len].transpose(1, 2)
+
+
+def decode_attention(
+    cache: PagedKvCache, layer: int, query: torch.Tensor, plan: list[DecodeGroup], scale: float
+) -> torch.Tensor:
+    """query: [B, heads, head_dim] (one new token per row, its K/V already written) -> [B, heads, head_dim]."""
+    if len(plan) == 1 and plan[0].rows.numel() == query.shape[0]:
+        return _group_attention(cache, layer, query, plan[0], scale)
+    out = torch.empty_like(query)
+    for group in plan:
+        out.index_copy_(0, group.rows, _group_attention(cache, layer, query[group.rows], group, scale))
+    return out
+
+
+def _group_attention(
+    cache: PagedKvCache, layer: int, query: torch.Tensor, group: DecodeGroup, scale: float
+) -> torch.Tensor:
+    key = gather_blocks(cache.keys[layer], group.block_tables, group.context_len)  # [G, kvh, L, d]
+    value = gather_blocks(cache.values[layer], group.block_tables, group.context_len)
+    out = F.scaled_dot_product_attention(
+        query.unsqueeze(2), key, value, attn_mask=group.mask, scale=scale, enable_gqa=True
+    )  # [G, heads, 1, d]
+    return out.squeeze(2)
+
+
+@dataclass(frozen=True)
+class PrefillSpan:
+    """One request's chunk inside a flattened prefill batch.
+
+    Query tokens [q_start, q_start + q_len) of the batch are the request's tokens
+    [cached, cached + q_len); `block_table`: [n_blocks] int64, used only when cached > 0."""
+
+    q_start: int
+    q_len: int
+    cached: int
+    block_table: torch.Tensor
+
+
+def prefill_attention(
+    cache: PagedKvCache,
+    layer: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    spans: list[PrefillSpan],
+    scale: float,
+) -> torch.Tensor:
+    """query: [T, heads, d]; key, value: [T, kvh, d] (this chunk's, already written) -> [T, heads, d]."""
+    out = torch.empty_like(query)
+    for span in spans:
+        q = query[span.q_start : span.q_start + span.q_len].transpose(0, 1).unsqueeze(0)  # [1, h, q, d]
+        if span.cached == 0:
+            # Whole prompt in this chunk: attend to its own K/V, plain causal.
+            k = key[span.q_start : span.q_start + span.q_len].transpose(0, 1).unsqueeze(0)
+            v = value[span.q_start : span.q_start + span.q_len].transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            total = span.cached + span.q_len
+            tables = span.block_table.unsqueeze(0)
+            k = gather_blocks(cache.keys[layer], tables, total)  # [1, kvh, total, d]
+            v = gather_blocks(cache.values[layer], tables, total)
+            # Query i sits at position cached + i and sees keys 0..cached + i (bottom-right causal).
+            rows = torch.arange(span.q_len, device=query.device).unsqueeze(1) + span.cached
+            mask = torch.arange(total, device=query.device).unsqueeze(0) <= rows  # [q, total]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[span.q_start : span.q_start + span.q_len] = o.squeeze(0).transpose(0, 1)
+    return out

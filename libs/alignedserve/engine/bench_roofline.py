@@ -1,0 +1,88 @@
+"""This machine's matmul roofline at a model's own linear shapes, and the FLOPs one decode token costs.
+
+A decode iteration at batch B multiplies a [B, in] activation by every linear weight [out, in] (the LM
+head included). Timing `F.linear` at exactly those shapes gives the best time the linear part of an
+iteration can take here; its FLOPs over that time is the roofline the engine's big-batch throughput is
+compared with (the engine also does attention, norms and sampling, so it stays below it).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LinearShapes:
+    """Every linear weight of a model as (out, in) -> how many times it appears."""
+
+    counts: dict[tuple[int, int], int]
+    attention_flops_per_key: int  # FLOPs per token per attended key: 4 * layers * heads * head_dim
+
+    @property
+    def linear_flops_per_token(self) -> int:
+        return sum(2 * out * inp * n for (out, inp), n in self.counts.items())
+
+    def flops_per_token(self, context: int) -> int:
+        """2 x linear parameters + attention (QK^T and PV) over `context` keys."""
+        return self.linear_flops_per_token + self.attention_flops_per_key * context
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """batch, dtype; linear_s: best time of one iteration's linear part; gflops: its FLOP rate;
+    peak_gflops: the fastest single shape."""
+
+    batch: int
+    dtype: str
+    linear_s: float
+    gflops: float
+    peak_gflops: float
+
+    @property
+    def linear_bound_tok_s(self) -> float:
+        return self.batch / self.linear_s
+
+
+def linear_shapes(model: nn.Module) -> LinearShapes:
+    """Read the shapes off the loaded transformers model (tied LM head counted once, as it runs once)."""
+    counts: Counter[tuple[int, int]] = Counter()
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            counts[(module.out_features, module.in_features)] += 1
+    config: Any = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return LinearShapes(dict(counts), 4 * config.num_hidden_layers * heads * head_dim)
+
+
+def measure_roofline(shapes: LinearShapes, batch: int, dtype: torch.dtype, repeats: int = 5) -> Roofline:
+    """Median time of F.linear at each shape (fresh random data), summed with multiplicity."""
+    total_s = 0.0
+    peak = 0.0
+    for (out, inp), count in shapes.counts.items():
+        x = torch.randn(batch, inp, dtype=dtype)
+        w = torch.randn(out, inp, dtype=dtype)
+        seconds = _median_seconds(F.linear, (x, w), repeats)
+        total_s += seconds * count
+        peak = max(peak, 2 * batch * out * inp / seconds / 1e9)
+    flops = shapes.linear_flops_per_token * batch
+    return Roofline(batch, str(dtype).removeprefix("torch."), total_s, flops / total_s / 1e9, peak)
+
+
+def _median_seconds(op: Callable[..., object], args: tuple[torch.Tensor, ...], repeats: int) -> float:
+    op(*args)  # warm up: first call allocates and picks kernels
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        op(*args)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)

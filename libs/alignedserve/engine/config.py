@@ -1,0 +1,70 @@
+"""Engine configuration: one frozen object, validated once, with errors that say how to fix them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES_BY_DEVICE: dict[str, tuple[str, ...]] = {
+    "cpu": ("float32", "bfloat16"),
+    "cuda": ("float16", "bfloat16", "float32"),
+}
+ATTENTION_STRATEGIES = ("auto", "padded", "bucketed", "per_sequence")
+DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What model to run, where, and how much KV memory and batch it may use.
+
+    model: "smollm2" (the packaged GGUF), an HF model directory, a .gguf file, or a model id already
+    in the local HF cache (no network). KV capacity: `num_blocks` if given, else `kv_cache_bytes`
+    (default 2 GiB) divided by the bytes of one block over all layers.
+    """
+
+    model: str = "smollm2"
+    dtype: str = "float32"
+    device: str = "cpu"
+    block_size: int = 16
+    kv_cache_bytes: int | None = None
+    num_blocks: int | None = None
+    max_num_seqs: int = 256  # requests decoding at once
+    max_prefill_tokens: int = 2048  # tokens per prefill forward; longer prompts go in chunks
+    max_model_len: int | None = None  # None: the model's own context length
+    attention: str = "auto"  # decode attention strategy; "auto" picks per batch shape
+    timings: bool = False  # record per-iteration linear/attention time split
+    num_threads: int | None = None  # torch intra-op threads on CPU (None: leave torch's default)
+    cache_dir: str | None = None  # dequantized-weight cache (None: $ALIGNEDSERVE_CACHE or ~/.cache/alignedserve)
+
+    def __post_init__(self) -> None:
+        self._check_device_dtype()
+        self._check_positive("block_size", self.block_size)
+        self._check_positive("max_num_seqs", self.max_num_seqs)
+        self._check_positive("max_prefill_tokens", self.max_prefill_tokens)
+        for name in ("kv_cache_bytes", "num_blocks", "max_model_len", "num_threads"):
+            value = getattr(self, name)
+            if value is not None:
+                self._check_positive(name, value)
+        if self.kv_cache_bytes is not None and self.num_blocks is not None:
+            raise ValueError("give either kv_cache_bytes or num_blocks, not both")
+        if self.attention not in ATTENTION_STRATEGIES:
+            raise ValueError(f"attention must be one of {ATTENTION_STRATEGIES}, got {self.attention!r}")
+        if not self.model:
+            raise ValueError('model must name a model: "smollm2", an HF directory or a .gguf file')
+
+    @property
+    def device_type(self) -> str:
+        return self.device.split(":", 1)[0]
+
+    def _check_device_dtype(self) -> None:
+        allowed = DTYPES_BY_DEVICE.get(self.device_type)
+        if allowed is None:
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.dtype not in allowed:
+            raise ValueError(
+                f"dtype {self.dtype!r} is not supported on {self.device_type}; use one of {allowed}"
+            )
+
+    @staticmethod
+    def _check_positive(name: str, value: int) -> None:
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")

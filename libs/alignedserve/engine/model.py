@@ -1,0 +1,155 @@
+"""Lean forward passes over transformers' own modules, with attention replaced by paged attention.
+
+Weights, norms, MLPs, rotary embeddings and the LM head are transformers' modules, called as they are;
+only attention is ours, because it must read and write the paged KV cache. Inputs are flattened across
+requests: T tokens of any mix of requests, each with its own position.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import rotate_half
+
+from alignedserve.engine.kv_cache import KvLayout
+
+
+class LayerAttention(Protocol):
+    """Writes a layer's new K/V into the cache and attends. query: [T, heads, d]; key, value: [T, kvh, d]
+    -> [T, heads, d]."""
+
+    def __call__(
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+    ) -> torch.Tensor: ...
+
+
+class PagedModel(Protocol):
+    layout_heads: tuple[int, int, int, int]  # (layers, heads, kv_heads, head_dim)
+    max_context: int
+
+    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: LayerAttention) -> torch.Tensor:
+        """input_ids, positions: [T] int64 -> final hidden states [T, hidden]."""
+        ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> [N, vocab] float32."""
+        ...
+
+
+def kv_layout(model: PagedModel, block_size: int, dtype: torch.dtype) -> KvLayout:
+    layers, _, kv_heads, head_dim = model.layout_heads
+    return KvLayout(layers, kv_heads, head_dim, block_size, dtype)
+
+
+class LlamaFamilyModel:
+    """Llama, Mistral, Qwen2, SmolLM: RMSNorm, rotary positions, GQA, gated MLP."""
+
+    def __init__(self, hf_model: nn.Module) -> None:
+        config = hf_model.config
+        self.model = hf_model.model
+        self.lm_head = hf_model.lm_head
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.scale = self.head_dim**-0.5
+        self.layout_heads = (config.num_hidden_layers, self.heads, self.kv_heads, self.head_dim)
+        self.max_context = _llama_context(config)
+
+    @torch.inference_mode()
+    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: LayerAttention) -> torch.Tensor:
+        tokens = input_ids.shape[0]
+        h = self.model.embed_tokens(input_ids)  # [T, hidden]
+        cos, sin = self.model.rotary_emb(h, positions.unsqueeze(0))  # [1, T, d] each
+        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, d]: broadcast over heads
+        for index, layer in enumerate(self.model.layers):
+            x = layer.input_layernorm(h)
+            attn = layer.self_attn
+            q = attn.q_proj(x).view(tokens, self.heads, self.head_dim)
+            k = attn.k_proj(x).view(tokens, self.kv_heads, self.head_dim)
+            v = attn.v_proj(x).view(tokens, self.kv_heads, self.head_dim)
+            q = q * cos + rotate_half(q) * sin  # same arithmetic as transformers' apply_rotary_pos_emb
+            k = k * cos + rotate_half(k) * sin
+            o = attention(index, q, k, v, self.scale)  # [T, heads, d]
+            h = h + attn.o_proj(o.reshape(tokens, self.heads * self.head_dim))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        out: torch.Tensor = self.model.norm(h)
+        return out
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.lm_head(hidden).float()
+        return out
+
+
+class OptModel:
+    """OPT: learned positions (offset 2), LayerNorm before or after, ReLU MLP, q pre-scaled."""
+
+    POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding.offset
+
+    def __init__(self, hf_model: nn.Module) -> None:
+        config = hf_model.config
+        self.decoder = hf_model.model.decoder
+        self.lm_head = hf_model.lm_head
+        self.heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // self.heads
+        self.layout_heads = (config.num_hidden_layers, self.heads, self.heads, self.head_dim)
+        self.max_context = int(config.max_position_embeddings)
+        self.pre_norm = bool(config.do_layer_norm_before)
+
+    @torch.inference_mode()
+    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: LayerAttention) -> torch.Tensor:
+        tokens = input_ids.shape[0]
+        decoder = self.decoder
+        h = decoder.embed_tokens(input_ids)
+        if decoder.project_in is not None:
+            h = decoder.project_in(h)
+        h = h + decoder.embed_positions.weight[positions + self.POSITION_OFFSET]
+        for index, layer in enumerate(decoder.layers):
+            residual = h
+            x = layer.self_attn_layer_norm(h) if self.pre_norm else h
+            attn = layer.self_attn
+            q = (attn.q_proj(x) * attn.scaling).view(tokens, self.heads, self.head_dim)
+            k = attn.k_proj(x).view(tokens, self.heads, self.head_dim)
+            v = attn.v_proj(x).view(tokens, self.heads, self.head_dim)
+            o = attention(index, q, k, v, 1.0)  # scaling already applied to q, as transformers does
+            h = residual + attn.out_proj(o.reshape(tokens, self.heads * self.head_dim))
+            if not self.pre_norm:
+                h = layer.self_attn_layer_norm(h)
+            residual = h
+            x = layer.final_layer_norm(h) if self.pre_norm else h
+            h = residual + layer.fc2(layer.activation_fn(layer.fc1(x)))
+            if not self.pre_norm:
+                h = layer.final_layer_norm(h)
+        if decoder.final_layer_norm is not None:
+            h = decoder.final_layer_norm(h)
+        if decoder.project_out is not None:
+            h = decoder.project_out(h)
+        return h
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.lm_head(hidden).float()
+        return out
+
+
+def _llama_context(config: object) -> int:
+    # Full attention only: where a sliding window applies, the context is capped at the window so that
+    # plain causal attention over the whole cache stays exact.
+    context = int(getattr(config, "max_position_embeddings"))
+    window = getattr(config, "sliding_window", None)
+    uses_window = getattr(config, "model_type", "") == "mistral" or getattr(config, "use_sliding_window", False)
+    if window and uses_window:
+        context = min(context, int(window))
+    return context
+
+
+def paged_model(hf_model: nn.Module) -> PagedModel:
+    """The lean forward for a loaded transformers causal LM."""
+    model_type = hf_model.config.model_type
+    if model_type in ("llama", "mistral", "qwen2"):
+        return LlamaFamilyModel(hf_model)
+    if model_type == "opt":
+        return OptModel(hf_model)
+    raise ValueError(f"no paged forward for model type {model_type!r}; supported: llama, mistral, qwen2, opt")

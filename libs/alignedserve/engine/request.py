@@ -1,0 +1,102 @@
+"""Engine-side request state, what each step returns, and the errors `add_request` raises."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from alignedserve.engine.sampling import SamplingParams
+
+
+class RequestError(ValueError):
+    """A request the engine cannot take; the message says why and what to change."""
+
+
+class PromptTooLongError(RequestError):
+    pass
+
+
+class KvBudgetError(RequestError):
+    pass
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # needs (more) prefill
+    RUNNING = "running"  # decoding
+    PARKED = "parked"  # prefill-only: first token sampled, KV held until exported and freed
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # the most likely alternatives, best first
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    output_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None  # "stop", "length", "abort" or None while running
+    logprobs: list[TokenLogprob] | None  # one per output token, when the request asked for them
+
+
+class StopRule(Protocol):
+    def check(self, output_token_ids: Sequence[int]) -> str | None: ...
+
+
+class TokenStopRule:
+    """Stop on eos / stop token ids / max_tokens, without detokenizing (requests with no stop strings)."""
+
+    def __init__(self, params: SamplingParams, eos_token_ids: Sequence[int]) -> None:
+        self._max_tokens = params.max_tokens
+        self._stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else frozenset(eos_token_ids)
+        )
+
+    def check(self, output_token_ids: Sequence[int]) -> str | None:
+        if output_token_ids and output_token_ids[-1] in self._stop_ids:
+            return "stop"
+        return "length" if len(output_token_ids) >= self._max_tokens else None
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stop_rule: StopRule
+    generator: torch.Generator | None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens of all_token_ids whose K/V are in the cache
+    status: RequestStatus = RequestStatus.WAITING
+    park_after_prefill: bool = False
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output."""
+        prompt = len(self.prompt_token_ids)
+        if end <= prompt:
+            return self.prompt_token_ids[start:end]
+        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+
+    def output(self, new_tokens: int) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id,
+            new_token_ids=self.output_token_ids[len(self.output_token_ids) - new_tokens :] if new_tokens else [],
+            output_token_ids=list(self.output_token_ids),
+            finished=self.finish_reason is not None,
+            finish_reason=self.finish_reason,
+            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+        )

@@ -1,0 +1,154 @@
+"""ModelRunner: one forward over the paged KV cache for a batch of prefill chunks or decode rows.
+
+Inputs are flattened (T tokens of many requests); each token carries its own position and the flat KV
+slot its K/V goes to. Prefill attends per request (causal, chunks see the request's cached prefix);
+decode attends with the per-iteration plan of the chosen `DecodeGrouping`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from alignedserve.engine.attention import (
+    DecodeGroup,
+    DecodeGrouping,
+    PrefillSpan,
+    decode_attention,
+    plan_decode,
+    prefill_attention,
+)
+from alignedserve.engine.kv_cache import PagedKvCache
+from alignedserve.engine.model import PagedModel
+from alignedserve.engine.timing import IterationTimer, IterationTiming, NullTimer
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Tokens [start, start + len(token_ids)) of one request; blocks must already hold them."""
+
+    token_ids: list[int]
+    start: int  # tokens of this request already in the KV cache
+    block_table: list[int]
+    wants_logits: bool  # last chunk of the prompt: return logits of its final token
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    """One request's next token: `token_id` goes to position `position` (= tokens already cached)."""
+
+    token_id: int
+    position: int
+    block_table: list[int]
+
+
+class GroupingSelector:
+    """Chooses the decode grouping for a batch shape (see `alignedserve.engine.attention`)."""
+
+    def select(self, context_lens: list[int]) -> DecodeGrouping:
+        raise NotImplementedError
+
+
+class FixedGrouping(GroupingSelector):
+    def __init__(self, grouping: DecodeGrouping) -> None:
+        self.grouping = grouping
+
+    def select(self, context_lens: list[int]) -> DecodeGrouping:
+        return self.grouping
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: PagedModel,
+        cache: PagedKvCache,
+        selector: GroupingSelector,
+        timer: IterationTimer | None = None,
+    ) -> None:
+        self.model = model
+        self.cache = cache
+        self.selector = selector
+        self.timer: IterationTimer = timer or NullTimer()
+        self.device = cache.device
+        self.block_size = cache.layout.block_size
+        self.last_timing: IterationTiming | None = None
+
+    def prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor:
+        """Run all chunks in one forward; returns [N, vocab] float32 logits for chunks wanting them."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        spans: list[PrefillSpan] = []
+        last_rows: list[int] = []
+        for chunk in chunks:
+            end = chunk.start + len(chunk.token_ids)
+            spans.append(
+                PrefillSpan(len(ids), len(chunk.token_ids), chunk.start, self._table(chunk.block_table, end))
+            )
+            ids += chunk.token_ids
+            positions += range(chunk.start, end)
+            slots += self.cache.slots(chunk.block_table, chunk.start, end)
+            if chunk.wants_logits:
+                last_rows.append(len(ids) - 1)
+        slot_tensor = self._tensor(slots)
+        cache, timer = self.cache, self.timer
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+            with timer.attention():
+                cache.write(layer, slot_tensor, k, v)
+                return prefill_attention(cache, layer, q, k, v, spans, scale)
+
+        logits = self._forward(ids, positions, attend, last_rows)
+        contexts = [c.start + len(c.token_ids) for c in chunks]
+        self._record("prefill", len(chunks), len(ids), contexts, "per_sequence")
+        return logits
+
+    def decode(self, rows: list[DecodeRow]) -> torch.Tensor:
+        """One token for every row in one forward; returns [B, vocab] float32 logits."""
+        context_lens = [row.position + 1 for row in rows]
+        grouping = self.selector.select(context_lens)
+        plan: list[DecodeGroup] = plan_decode(
+            grouping, context_lens, [row.block_table for row in rows], self.block_size, self.device
+        )
+        slot_tensor = self._tensor(
+            [row.block_table[row.position // self.block_size] * self.block_size + row.position % self.block_size for row in rows]
+        )
+        cache, timer = self.cache, self.timer
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+            with timer.attention():
+                cache.write(layer, slot_tensor, k, v)
+                return decode_attention(cache, layer, q, plan, scale)
+
+        ids = [row.token_id for row in rows]
+        logits = self._forward(ids, [row.position for row in rows], attend, None)
+        self._record("decode", len(rows), len(rows), context_lens, grouping.name)
+        return logits
+
+    def _forward(
+        self,
+        ids: list[int],
+        positions: list[int],
+        attend: object,
+        logit_rows: list[int] | None,
+    ) -> torch.Tensor:
+        with self.timer.forward():
+            hidden = self.model.hidden(self._tensor(ids), self._tensor(positions), attend)  # type: ignore[arg-type]
+            if logit_rows is not None:
+                hidden = hidden[self._tensor(logit_rows)]
+            return self.model.logits(hidden)
+
+    def _record(self, kind: str, batch: int, tokens: int, contexts: list[int], strategy: str) -> None:
+        total, attention = self.timer.take()
+        if isinstance(self.timer, NullTimer):
+            return
+        self.last_timing = IterationTiming(
+            kind, batch, tokens, sum(contexts), max(contexts), strategy, total, attention
+        )
+
+    def _table(self, block_table: list[int], tokens: int) -> torch.Tensor:
+        return self._tensor(block_table[: -(-tokens // self.block_size)])
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=self.device)

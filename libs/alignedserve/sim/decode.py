@@ -1,0 +1,185 @@
+"""A simulated decode worker: its running batch, candidate buffers, and spans of unchanged iterations.
+
+The real per-iteration scheduler decides at every iteration boundary the worker processes. Between a
+quiet plan (nothing finished, evicted or admitted) and the next event that could change the answer — a
+request finishing, a block-boundary crossing that no longer fits, a candidate becoming ready — every
+iteration has the same batch, so the worker runs them as one *span*: k iterations whose durations the
+cost model gives in closed form (`SpanCost`). Admission only gets harder inside a span (free blocks
+shrink, buffers are unchanged), so the skipped plans would have been empty too; the simulator's
+`exact_iterations` mode calls the scheduler at every iteration to check that equivalence in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from alignedserve.batching.types import IterationState, blocks_for
+from alignedserve.sim.cost import SpanCost
+from alignedserve.sim.records import SimRequest
+
+
+@dataclass(slots=True)
+class Span:
+    """Iterations committed to run back to back from `start` (after `stall_s` of KV transfers)."""
+
+    start: float
+    stall_s: float
+    iterations: int
+    cost: SpanCost
+
+    def offset(self, iterations: int) -> float:
+        """Time from `start` to the end of the first `iterations` iterations."""
+        return self.stall_s + self.cost.total(iterations)
+
+    def first_boundary_at_or_after(self, when: float) -> int:
+        """Fewest iterations (>= 1) whose end is at or after `when`."""
+        budget = when - self.start - self.stall_s
+        k = self.cost.iterations_within(budget)
+        if self.cost.total(k) < budget or k == 0:
+            k += 1
+        return k
+
+
+class DecodeWorker:
+    """State of one decode GPU. The cluster drives it; the scheduler decides for it."""
+
+    def __init__(self, index: int, capacity_blocks: int, block_size: int, max_batch: int | None) -> None:
+        self.index = index
+        self.capacity_blocks = capacity_blocks
+        self.block_size = block_size
+        self.max_batch = max_batch
+        self.running: dict[str, SimRequest] = {}
+        self.used_blocks = 0
+        self.batch_counts: dict[int, int] = {}  # origin batch id -> running requests from it
+        self.candidate_batch: dict[str, SimRequest] = {}
+        self.candidate_requests: dict[str, SimRequest] = {}
+        self.span: Span | None = None
+        self.wake_at: float | None = None  # pending boundary of a worker with nothing running
+        self.version = 0  # bumps whenever the pending boundary event is replaced
+        self.staging_batch = False  # the batcher has formed the next batch for it (maybe in transfer)
+        # counters
+        self.iterations = 0
+        self.mixed_iterations = 0
+        self.decode_tokens = 0
+        self.evictions = 0
+        self.spread_iterations = 0  # sum over iterations of (longest - shortest prefix)
+        self.window_end = float("inf")  # tokens done by then count toward the steady-state throughput
+        self.window_tokens = 0
+
+    # --- membership ---------------------------------------------------------------------------------
+
+    @property
+    def free_blocks(self) -> int:
+        return self.capacity_blocks - self.used_blocks
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running and nothing waiting for it: the batcher should not wait for a full batch."""
+        return not self.running and not self.candidate_batch and not self.candidate_requests
+
+    def join(self, request: SimRequest) -> None:
+        self.running[request.request_id] = request
+        self.used_blocks += request.blocks
+        self.batch_counts[request.batch_id] = self.batch_counts.get(request.batch_id, 0) + 1
+
+    def leave(self, request_id: str) -> SimRequest:
+        request = self.running.pop(request_id)
+        self.used_blocks -= request.blocks
+        left = self.batch_counts[request.batch_id] - 1
+        if left:
+            self.batch_counts[request.batch_id] = left
+        else:
+            del self.batch_counts[request.batch_id]
+        return request
+
+    def growth_blocks(self) -> int:
+        """Blocks the next iteration allocates: one for every request whose next token opens a block."""
+        size = self.block_size
+        return sum(1 for r in self.running.values() if r.prefix % size == 0)
+
+    def newest_batch_range(self) -> tuple[int, int, int] | None:
+        """(batch id, min prefix, max prefix) of the newest origin batch running, for dynamic prefetch."""
+        if not self.batch_counts:
+            return None
+        newest = max(self.batch_counts)
+        prefixes = [r.prefix for r in self.running.values() if r.batch_id == newest]
+        return newest, min(prefixes), max(prefixes)
+
+    # --- scheduler input ------------------------------------------------------------------------------
+
+    def state(self, finished: frozenset[str], now: float) -> IterationState:
+        return IterationState(
+            running=tuple(r.scheduled() for r in self.running.values()),
+            finished=finished,
+            free_blocks=self.free_blocks,
+            candidate_requests=tuple(
+                r.scheduled() for r in self.candidate_requests.values() if r.ready_at <= now
+            ),
+            candidate_batch=tuple(r.scheduled() for r in self.candidate_batch.values() if r.ready_at <= now),
+            block_size=self.block_size,
+            max_batch=self.max_batch,
+        )
+
+    def next_ready_after(self, now: float) -> float | None:
+        """When the next candidate still in transfer becomes ready."""
+        pending = [
+            r.ready_at for buf in (self.candidate_batch, self.candidate_requests) for r in buf.values()
+        ]
+        later = [t for t in pending if t > now]
+        return min(later) if later else None
+
+    # --- spans ---------------------------------------------------------------------------------------
+
+    def quiet_iterations(self) -> int:
+        """Most iterations the running batch can run unchanged: until a request finishes, or until the
+        blocks it grows into no longer fit the free ones (then the scheduler must evict)."""
+        until_finish = min(r.remaining for r in self.running.values())
+        free = self.free_blocks
+        size = self.block_size
+        # offsets: iterations until each request's next token opens a new block
+        offsets = [(-r.prefix) % size for r in self.running.values()]
+        if len(offsets) * (until_finish // size + 1) <= free:
+            return until_finish
+
+        def grown(k: int) -> int:  # blocks allocated over the first k iterations
+            return sum(1 + (k - 1 - off) // size for off in offsets if off < k)
+
+        lo, hi = 1, until_finish  # grown(1) <= free: the scheduler checked this iteration fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if grown(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def advance(self, span: Span, iterations: int) -> list[SimRequest]:
+        """Apply `iterations` iterations of `span`; returns the requests that finished."""
+        end = span.start + span.offset(iterations)
+        first_end = span.start + span.offset(1)
+        size = self.block_size
+        finished = []
+        used = 0
+        low, high = 1 << 62, 0  # prefix spread of the batch while it ran this span
+        for r in self.running.values():
+            low = min(low, r.prefix)
+            high = max(high, r.prefix + iterations)
+            r.prefix += iterations
+            r.remaining -= iterations
+            if r.decode_tokens == 0:
+                r.first_decode_at = first_end
+            r.decode_tokens += iterations
+            r.last_token_at = end
+            used += blocks_for(r.prefix, size)
+            if r.remaining == 0:
+                finished.append(r)
+        self.used_blocks = used
+        self.iterations += iterations
+        tokens = iterations * len(self.running)
+        self.decode_tokens += tokens
+        if end <= self.window_end:
+            self.window_tokens += tokens
+        if len(self.batch_counts) > 1:
+            self.mixed_iterations += iterations
+        self.spread_iterations += (high - low) * iterations
+        return finished

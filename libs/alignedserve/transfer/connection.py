@@ -1,0 +1,190 @@
+"""One UCX endpoint to one peer: frames as active messages, payload chunks as tagged messages.
+
+Both sides of a connection run the same loop receiving frames; frames that answer a transfer go to that
+transfer's mailbox, new requests go to the `on_request` handler (the server). Any UCX error on the
+endpoint (peer died, connection reset) fails every open mailbox with PeerUnavailable, so no transfer
+waits on a dead peer beyond its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from alignedserve.transfer.buffers import ByteView
+from alignedserve.transfer.checksum import StreamingChecksum
+from alignedserve.transfer.errors import PeerUnavailable, ProtocolError, TransferError
+from alignedserve.transfer.wire import (
+    Frame,
+    PayloadOffer,
+    PullRequest,
+    chunk_count,
+    chunk_tag,
+    decode_frame,
+    encode_frame,
+)
+
+RequestHandler = Callable[["Connection", PullRequest | PayloadOffer], None]
+# called on each received chunk before it is hashed (fault injection)
+ChunkTap = Callable[[int, ByteView], None]
+
+_log = logging.getLogger(__name__)
+
+
+class Connection:
+    def __init__(self, endpoint: Any, peer: str, on_request: RequestHandler | None = None) -> None:
+        self._endpoint = endpoint  # ucxx Endpoint
+        self.peer = peer
+        self._on_request = on_request
+        self._mailboxes: dict[int, asyncio.Queue[Frame | TransferError]] = {}
+        self._transfer_ids = itertools.count(1)
+        self._failure: TransferError | None = None
+        self._receiver = asyncio.get_running_loop().create_task(self._receive_frames())
+
+    @property
+    def alive(self) -> bool:
+        return self._failure is None
+
+    def new_transfer(self) -> int:
+        """A fresh transfer id (the opening side's) with its mailbox."""
+        transfer_id = next(self._transfer_ids)
+        self.open_mailbox(transfer_id)
+        return transfer_id
+
+    def open_mailbox(self, transfer_id: int) -> None:
+        self._mailboxes[transfer_id] = asyncio.Queue()
+
+    def close_mailbox(self, transfer_id: int) -> None:
+        self._mailboxes.pop(transfer_id, None)
+
+    async def next_frame(self, transfer_id: int) -> Frame:
+        item = await self._mailboxes[transfer_id].get()
+        if isinstance(item, TransferError):
+            raise item
+        return item
+
+    async def send_frame(self, frame: Frame) -> None:
+        self._raise_if_failed()
+        try:
+            await self._endpoint.am_send(encode_frame(frame))
+        except Exception as error:
+            raise self._fail(error) from error
+
+    async def send_payload(self, transfer_id: int, payload: ByteView, chunk_bytes: int) -> None:
+        """All chunks posted at once; UCX streams them (rendezvous: zero-copy from `payload`)."""
+        self._raise_if_failed()
+        sends = [
+            self._endpoint.send(payload.slice(start, min(payload.nbytes, start + chunk_bytes)).array, tag=tag)
+            for tag, start in _chunks(transfer_id, payload.nbytes, chunk_bytes)
+        ]
+        try:
+            await asyncio.gather(*sends)
+        except Exception as error:
+            raise self._fail(error) from error
+
+    async def receive_payload(
+        self, transfer_id: int, destination: ByteView, chunk_bytes: int, tap: ChunkTap | None = None
+    ) -> int:
+        """Receive straight into `destination` [nbytes]; returns the xxh3-64 of what landed.
+
+        Every chunk's receive is posted first; chunk i is hashed as soon as it lands, while later
+        chunks are still on the wire, so the checksum mostly overlaps the transfer.
+        """
+        self._raise_if_failed()
+        checksum = StreamingChecksum()
+        chunks = [
+            (destination.slice(start, min(destination.nbytes, start + chunk_bytes)), tag)
+            for tag, start in _chunks(transfer_id, destination.nbytes, chunk_bytes)
+        ]
+        receives = [asyncio.ensure_future(self._endpoint.recv(view.array, tag=tag)) for view, tag in chunks]
+        try:
+            for index, ((view, _), receive) in enumerate(zip(chunks, receives, strict=True)):
+                await receive
+                if tap is not None:
+                    tap(index, view)
+                checksum.update(view)
+        except Exception as error:
+            for receive in receives:
+                receive.cancel()
+            raise self._fail(error) from error
+        return checksum.digest()
+
+    def abort(self, reason: str = "aborted") -> None:
+        """Close now: pending UCX requests are cancelled, so nothing lands in a destination later."""
+        self._fail(PeerUnavailable(f"connection to {self.peer} {reason}"))
+
+    async def close(self) -> None:
+        self.abort("closed")
+        self._receiver.cancel()
+        await asyncio.gather(self._receiver, return_exceptions=True)
+
+    async def _receive_frames(self) -> None:
+        while self._failure is None:
+            try:
+                data = await self._endpoint.am_recv()
+            except Exception as error:
+                self._fail(error)
+                return
+            try:
+                frame = decode_frame(memoryview(data))
+            except ProtocolError as error:
+                _log.warning("dropping bad frame from %s: %s", self.peer, error)
+                continue
+            self._dispatch(frame)
+
+    def _dispatch(self, frame: Frame) -> None:
+        if isinstance(frame, PullRequest | PayloadOffer) and frame.transfer_id not in self._mailboxes:
+            if self._on_request is None:
+                _log.warning("unexpected %s from %s", type(frame).__name__, self.peer)
+                return
+            self._on_request(self, frame)
+            return
+        mailbox = self._mailboxes.get(frame.transfer_id)
+        if mailbox is not None:  # else a late frame of a finished or abandoned transfer
+            mailbox.put_nowait(frame)
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def _fail(self, error: BaseException) -> TransferError:
+        """Mark the connection dead (once), wake every waiting transfer, close the UCX endpoint."""
+        if self._failure is None:
+            self._failure = (
+                error
+                if isinstance(error, PeerUnavailable)
+                else PeerUnavailable(f"connection to {self.peer} failed: {type(error).__name__}: {error}")
+            )
+            for mailbox in self._mailboxes.values():
+                mailbox.put_nowait(self._failure)
+            endpoint, self._endpoint = self._endpoint, _ClosedEndpoint()
+            endpoint.abort()
+        return self._failure
+
+
+def _chunks(transfer_id: int, nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """(tag, start offset) of each chunk of a payload."""
+    count = chunk_count(nbytes, chunk_bytes)
+    return [(chunk_tag(transfer_id, index), index * chunk_bytes) for index in range(count)]
+
+
+class _ClosedEndpoint:
+    """Stands in for an aborted ucxx endpoint so late calls fail the same way as a dead peer's."""
+
+    async def am_recv(self) -> Any:
+        raise PeerUnavailable("connection closed")
+
+    async def am_send(self, _: object) -> None:
+        raise PeerUnavailable("connection closed")
+
+    async def send(self, _: object, tag: int) -> None:
+        raise PeerUnavailable("connection closed")
+
+    async def recv(self, _: object, tag: int) -> None:
+        raise PeerUnavailable("connection closed")
+
+    def abort(self) -> None:
+        return

@@ -1,0 +1,150 @@
+"""`alignedserve batcher`: the pool's index and batch formation, at the edge of `BatcherCore`.
+
+Reads the batcher topic (KvReady, DecodeStatus, RequestEvicted back to the pool) and the events topic
+(Cancel, RequestFinished, heartbeats of prefill workers to stage on); publishes each BatchPlan to its
+staging prefill worker (prefetch on) and, as a notice, to its decode worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+from alignedserve.batching.policies import make_policy
+from alignedserve.bus import Delivery, topics
+from alignedserve.bus.messages import (
+    BatchPlan,
+    Cancel,
+    DecodeStatus,
+    KvReady,
+    Message,
+    RequestEvicted,
+    RequestFinished,
+    ServiceKind,
+    WorkerHeartbeat,
+    WorkerState,
+)
+from alignedserve_services.batcher.config import BatcherSettings
+from alignedserve_services.batcher.core import BatcherCore, BatcherRules
+from alignedserve_services.batcher.metrics import BatcherMetrics
+from alignedserve_services.common.config import ConfigError
+from alignedserve_services.common.logs import configure_logging, get_logger
+from alignedserve_services.common.worker import WorkerRuntime
+from prometheus_client import CollectorRegistry
+
+log = get_logger("alignedserve.batcher")
+
+
+def build_core(settings: BatcherSettings) -> BatcherCore:
+    policy = make_policy(
+        settings.policy,
+        max_len=settings.max_len,
+        leaf_width=settings.block_size,
+        starvation_s=settings.starvation_s,
+    )
+    rules = BatcherRules(
+        min_batch=settings.min_batch,
+        max_batch=settings.max_batch,
+        fill=settings.fill,
+        prefetch=settings.prefetch == "on",
+        dynamic_prefetch=settings.dynamic_prefetch,
+        range_slack=settings.range_slack,
+    )
+    # batch ids must keep increasing across a restart: start from the clock (ms)
+    return BatcherCore(policy, rules, first_batch_id=int(time.time() * 1000))
+
+
+class Batcher:
+    def __init__(self, settings: BatcherSettings, runtime: WorkerRuntime, metrics: BatcherMetrics) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        self.metrics = metrics
+        self.core = build_core(settings)
+        self._prefill_seen: dict[str, float] = {}  # prefill worker id -> monotonic time of last READY beat
+
+    async def on_batcher_topic(self, message: Message, _delivery: Delivery) -> None:
+        started = time.perf_counter()
+        now = time.time()
+        if isinstance(message, KvReady):
+            plans = self.core.on_kv_ready(message, now)
+        elif isinstance(message, DecodeStatus):
+            self._refresh_staging()
+            plans = self.core.on_status(message, now)
+        elif isinstance(message, RequestEvicted) and message.to is None:
+            plans = self.core.on_evicted_to_pool(message, now)
+        else:
+            return  # PrefetchDone, CandidateBufferState: the decode worker's status already reflects them
+        self.metrics.decide_seconds.observe(time.perf_counter() - started)
+        self.metrics.waiting.set(self.core.waiting)
+        await self._publish(plans)
+
+    async def on_event(self, message: Message) -> None:
+        if isinstance(message, Cancel | RequestFinished):
+            self.core.on_request_gone(message.request_id)
+        elif isinstance(message, WorkerHeartbeat):
+            self._on_heartbeat(message)
+
+    def _on_heartbeat(self, beat: WorkerHeartbeat) -> None:
+        if beat.kind is ServiceKind.PREFILL:
+            if beat.state is WorkerState.READY:
+                self._prefill_seen[beat.worker_id] = time.monotonic()
+            else:
+                self._prefill_seen.pop(beat.worker_id, None)
+            self._refresh_staging()
+        elif beat.kind is ServiceKind.DECODE and beat.state in (WorkerState.DRAINING, WorkerState.STOPPED):
+            self.core.forget_worker(beat.worker_id)
+
+    def _refresh_staging(self) -> None:
+        horizon = time.monotonic() - self.settings.worker_timeout_s
+        live = [w for w, seen in self._prefill_seen.items() if seen >= horizon]
+        self.core.set_staging_workers(live)
+
+    async def _publish(self, plans: list[BatchPlan]) -> None:
+        for plan in plans:
+            lengths = [r.prefix_len for r in plan.requests]
+            self.metrics.plans.labels(plan.buffer.value).inc()
+            self.metrics.planned_requests.labels(plan.buffer.value).inc(len(plan.requests))
+            self.metrics.batch_spread.observe(max(lengths) - min(lengths))
+            log.info(
+                "batch_planned",
+                batch_id=plan.batch_id,
+                decode=plan.decode_worker_id,
+                staging=plan.staging_worker_id,
+                buffer=plan.buffer.value,
+                size=len(plan.requests),
+                prefix_lo=min(lengths),
+                prefix_hi=max(lengths),
+            )
+            if plan.staging_worker_id:
+                await self.runtime.bus.publish(topics.staging(plan.staging_worker_id), plan)
+            await self.runtime.bus.publish(topics.decode(plan.decode_worker_id), plan)
+
+
+async def serve(settings: BatcherSettings) -> int:
+    registry = CollectorRegistry()
+    runtime = WorkerRuntime(ServiceKind.BATCHER, settings, registry)
+    batcher = Batcher(settings, runtime, BatcherMetrics(registry))
+    await runtime.start()
+    try:
+        await runtime.subscribe_events(batcher.on_event)
+        await runtime.subscribe(topics.BATCHER, topics.BATCHER_GROUP, batcher.on_batcher_topic)
+        runtime.set_ready()
+        log.info("batcher_ready", policy=settings.policy, prefetch=settings.prefetch)
+        await runtime.run_until_drained()
+    finally:
+        await runtime.close()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    try:
+        settings = BatcherSettings.from_argv(argv, prog="alignedserve batcher", description=__doc__)
+    except ConfigError as exc:
+        print(f"alignedserve batcher: {exc}", file=sys.stderr)
+        return 2
+    configure_logging("batcher", settings.log_level, settings.log_format)
+    try:
+        return asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        return 130

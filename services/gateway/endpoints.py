@@ -1,0 +1,163 @@
+"""What differs between /v1/completions and /v1/chat/completions, as one strategy object per endpoint.
+
+The request path in `app.py` is the same for both; an `Endpoint` says how its body becomes prompt
+tokens, which fields carry the output limit and logprobs, and how outputs are rendered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Generic, Protocol, TypeVar
+
+from alignedserve_services.gateway.prepare import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    RequestParamNames,
+    chat_prompt,
+    completion_prompt,
+)
+from alignedserve_services.gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from alignedserve_services.gateway.render import (
+    ChatStreamRenderer,
+    CompletionStreamRenderer,
+    chat_response,
+    completion_response,
+)
+from alignedserve_services.gateway.textstream import OutputChunk
+from alignedserve_services.gateway.tokenizer import PromptTokenizer
+from pydantic import BaseModel
+
+Body = TypeVar("Body", bound=SamplingFields)
+
+
+class StreamRenderer(Protocol):
+    def start(self) -> list[str]: ...
+
+    def chunk(self, chunk: OutputChunk) -> list[str]: ...
+
+    def usage(self, completion_tokens: int) -> str: ...
+
+
+class Endpoint(Generic[Body]):
+    id_prefix: str
+    default_max_tokens: int | None  # None: whatever room the context leaves
+
+    def prompt_ids(self, body: Body, tokenizer: PromptTokenizer) -> list[int]:
+        raise NotImplementedError
+
+    def param_names(self, body: Body) -> RequestParamNames:
+        raise NotImplementedError
+
+    def output_limit(self, body: Body) -> int | None:
+        raise NotImplementedError
+
+    def logprobs(self, body: Body) -> int | None:
+        """None: no logprobs; n: the chosen token's plus the n most likely alternatives."""
+        raise NotImplementedError
+
+    def stream_renderer(
+        self,
+        request_id: str,
+        model: str,
+        created: int,
+        prompt_tokens: int,
+        body: Body,
+        tokenizer: PromptTokenizer,
+    ) -> StreamRenderer:
+        raise NotImplementedError
+
+    def response(
+        self,
+        request_id: str,
+        model: str,
+        chunks: Sequence[OutputChunk],
+        prompt_tokens: int,
+        body: Body,
+        tokenizer: PromptTokenizer,
+    ) -> BaseModel:
+        raise NotImplementedError
+
+
+class CompletionsEndpoint(Endpoint[CompletionRequest]):
+    id_prefix = "cmpl"
+    default_max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+
+    def prompt_ids(self, body: CompletionRequest, tokenizer: PromptTokenizer) -> list[int]:
+        return completion_prompt(body, tokenizer)
+
+    def param_names(self, body: CompletionRequest) -> RequestParamNames:
+        return RequestParamNames(prompt="prompt", limit="max_tokens", logprobs="logprobs")
+
+    def output_limit(self, body: CompletionRequest) -> int | None:
+        return body.max_tokens
+
+    def logprobs(self, body: CompletionRequest) -> int | None:
+        return body.logprobs
+
+    def stream_renderer(
+        self,
+        request_id: str,
+        model: str,
+        created: int,
+        prompt_tokens: int,
+        body: CompletionRequest,
+        tokenizer: PromptTokenizer,
+    ) -> StreamRenderer:
+        want_logprobs = body.logprobs is not None
+        return CompletionStreamRenderer(
+            request_id, model, created, prompt_tokens, want_logprobs, body.continuous_usage, tokenizer
+        )
+
+    def response(
+        self,
+        request_id: str,
+        model: str,
+        chunks: Sequence[OutputChunk],
+        prompt_tokens: int,
+        body: CompletionRequest,
+        tokenizer: PromptTokenizer,
+    ) -> BaseModel:
+        return completion_response(
+            request_id, model, chunks, prompt_tokens, body.logprobs is not None, tokenizer
+        )
+
+
+class ChatEndpoint(Endpoint[ChatCompletionRequest]):
+    id_prefix = "chatcmpl"
+    default_max_tokens = None
+
+    def prompt_ids(self, body: ChatCompletionRequest, tokenizer: PromptTokenizer) -> list[int]:
+        return chat_prompt(body, tokenizer)
+
+    def param_names(self, body: ChatCompletionRequest) -> RequestParamNames:
+        limit = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        return RequestParamNames(prompt="messages", limit=limit, logprobs="top_logprobs")
+
+    def output_limit(self, body: ChatCompletionRequest) -> int | None:
+        return body.output_limit
+
+    def logprobs(self, body: ChatCompletionRequest) -> int | None:
+        return body.logprobs_count
+
+    def stream_renderer(
+        self,
+        request_id: str,
+        model: str,
+        created: int,
+        prompt_tokens: int,
+        body: ChatCompletionRequest,
+        tokenizer: PromptTokenizer,
+    ) -> StreamRenderer:
+        return ChatStreamRenderer(
+            request_id, model, created, prompt_tokens, body.logprobs, body.continuous_usage, tokenizer
+        )
+
+    def response(
+        self,
+        request_id: str,
+        model: str,
+        chunks: Sequence[OutputChunk],
+        prompt_tokens: int,
+        body: ChatCompletionRequest,
+        tokenizer: PromptTokenizer,
+    ) -> BaseModel:
+        return chat_response(request_id, model, chunks, prompt_tokens, body.logprobs, tokenizer)

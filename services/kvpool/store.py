@@ -1,0 +1,78 @@
+"""The pool's keyed host-memory KV store with a byte budget (pure: no I/O, no torch).
+
+Every entry is one request's KV: header bytes (small) and a payload buffer. A push first `reserve`s its
+payload size: beyond the budget the store refuses (`PoolFull`) and the sender backs off — backpressure,
+never an out-of-memory crash. A reserved entry becomes readable once `commit`ted (its bytes arrived and
+checked); `release` frees it (pulled by a decode or staging worker, cancelled, or finished).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class PoolFull(Exception):
+    """The budget cannot take this entry now; retry after entries are released."""
+
+
+class UnknownEntry(KeyError):
+    """No committed entry under this key (never pushed, already released, or still arriving)."""
+
+
+@dataclass
+class PoolEntry:
+    header: bytes
+    payload: bytearray
+    committed: bool = False
+
+
+class KvStore:
+    def __init__(self, budget_bytes: int) -> None:
+        if budget_bytes <= 0:
+            raise ValueError(f"the pool budget must be > 0 bytes, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self.used_bytes = 0
+        self.refusals = 0
+        self._entries: dict[str, PoolEntry] = {}
+
+    def __len__(self) -> int:
+        return sum(1 for e in self._entries.values() if e.committed)
+
+    def __contains__(self, key: object) -> bool:
+        entry = self._entries.get(key) if isinstance(key, str) else None
+        return entry is not None and entry.committed
+
+    def reserve(self, key: str, header: bytes, nbytes: int) -> bytearray:
+        """A writable buffer of `nbytes` for the payload under `key` (a repeated push replaces it)."""
+        if nbytes < 0:
+            raise ValueError(f"payload size must be >= 0, got {nbytes}")
+        self.release(key)
+        if self.used_bytes + nbytes > self.budget_bytes:
+            self.refusals += 1
+            raise PoolFull(
+                f"KV pool full: {self.used_bytes} of {self.budget_bytes} bytes used, {nbytes} more requested"
+            )
+        entry = PoolEntry(header, bytearray(nbytes))
+        self._entries[key] = entry
+        self.used_bytes += nbytes
+        return entry.payload
+
+    def commit(self, key: str) -> None:
+        self._entries[key].committed = True
+
+    def get(self, key: str) -> PoolEntry:
+        entry = self._entries.get(key)
+        if entry is None or not entry.committed:
+            raise UnknownEntry(key)
+        return entry
+
+    def release(self, key: str) -> bool:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return False
+        self.used_bytes -= len(entry.payload)
+        return True
+
+    @property
+    def usage(self) -> float:
+        return self.used_bytes / self.budget_bytes

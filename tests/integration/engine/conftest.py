@@ -1,0 +1,40 @@
+"""Engine test fixtures: tiny random-weight Llama and OPT (seeded), and SmolLM2 from the packaged GGUF
+(loaded once per session; its dequantized weights are cached on disk after the first load)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+from alignedserve.engine.loader import LoadedModel, load
+from engine_models import TINY_LLAMA, TINY_OPT, random_model
+from transformers import PreTrainedModel
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama() -> PreTrainedModel:
+    return random_model(TINY_LLAMA)
+
+
+@pytest.fixture(scope="session")
+def tiny_opt() -> PreTrainedModel:
+    return random_model(TINY_OPT)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> LoadedModel:
+    return load("smollm2", torch.float32, "cpu")
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread: on a shared 2-core box, OpenMP's second thread mostly waits for a core
+    (measured: the tiny-model parity test takes 0.6 s with one thread, 13 s with two under load)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

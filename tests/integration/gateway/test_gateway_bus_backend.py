@@ -1,0 +1,232 @@
+"""The gateway over a real bus (Redis Streams and Kafka): the test plays the prefill and decode workers.
+
+It reads the PrefillRequest the gateway publishes, answers with TokenBatch messages the way workers do
+(first token from prefill, then per-iteration batches from decode, with redelivered and out-of-order
+entries), and checks what the client gets: every token once, in order, the right text and usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+from alignedserve.bus import Bus, ConsumerOptions, Delivery, connect_bus, topics
+from alignedserve.bus.messages import (
+    Cancel,
+    DecodeStatus,
+    FinishReason,
+    Message,
+    PrefillRequest,
+    RequestFinished,
+    ServiceKind,
+    TokenBatch,
+    TokenEntry,
+    WorkerHeartbeat,
+    WorkerState,
+)
+from alignedserve_services.common.http import HttpServer
+from alignedserve_services.gateway.app import create_app
+from alignedserve_services.gateway.bus_backend import BusBackend, BusBackendOptions
+from alignedserve_services.gateway.config import GatewaySettings
+from alignedserve_services.gateway.tokenizer import PromptTokenizer
+
+ANSWER = " Paris is the capital of France."
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def _private_db(url: str) -> str:
+    """Redis: a database of our own, so no other prefill consumer on the shared server sees our requests."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/13")) if parts.scheme.startswith("redis") else url
+
+
+class FakeWorkers:
+    """The test's side of the bus: collects what the gateway publishes, publishes what workers would."""
+
+    def __init__(self, bus: Bus, gateway_id: str) -> None:
+        self.bus = bus
+        self.gateway_id = gateway_id
+        self.prefill_requests: asyncio.Queue[PrefillRequest] = asyncio.Queue()
+        self.cancels: asyncio.Queue[Cancel] = asyncio.Queue()
+        self.gateway_beats: asyncio.Queue[WorkerHeartbeat] = asyncio.Queue()
+
+    async def on_message(self, message: Message, _delivery: Delivery) -> None:
+        if isinstance(message, PrefillRequest) and message.gateway_id == self.gateway_id:
+            await self.prefill_requests.put(message)
+        elif isinstance(message, Cancel):
+            await self.cancels.put(message)
+        elif isinstance(message, WorkerHeartbeat) and message.kind is ServiceKind.GATEWAY:
+            await self.gateway_beats.put(message)
+
+    async def heartbeat(
+        self, kind: ServiceKind, worker_id: str, state: WorkerState = WorkerState.READY
+    ) -> None:
+        await self.bus.publish(
+            topics.EVENTS, WorkerHeartbeat(kind=kind, worker_id=worker_id, state=state, seq=1)
+        )
+
+    async def tokens(self, worker_id: str, iteration: int, *entries: TokenEntry) -> None:
+        batch = TokenBatch(worker_id=worker_id, iteration=iteration, entries=entries)
+        await self.bus.publish(topics.tokens(self.gateway_id), batch)
+
+
+@pytest.fixture
+async def stack(
+    bus_url: str, smollm2_tokenizer: PromptTokenizer
+) -> AsyncIterator[tuple[httpx.AsyncClient, FakeWorkers, BusBackend]]:
+    url = _private_db(bus_url)
+    gateway_id = f"gw-{uuid.uuid4().hex[:8]}"
+    workers_bus = await connect_bus(url)
+    workers = FakeWorkers(workers_bus, gateway_id)
+    listen = ConsumerOptions(start="latest")
+    subscriptions = [
+        await workers_bus.subscribe(
+            topics.PREFILL,
+            group=f"prefill-{gateway_id}",
+            consumer="p0",
+            handler=workers.on_message,
+            options=listen,
+        ),
+        await workers_bus.subscribe(
+            topics.EVENTS,
+            group=f"events-{gateway_id}",
+            consumer="w0",
+            handler=workers.on_message,
+            options=listen,
+        ),
+    ]
+    for subscription in subscriptions:
+        await subscription.ready()
+    backend = BusBackend.from_url(url, BusBackendOptions(gateway_id=gateway_id, worker_timeout_s=30.0))
+    await backend.start()
+    settings = GatewaySettings(model="smollm2", backend="bus", bus=url, gateway_id=gateway_id)
+    server = HttpServer(create_app(settings, backend, smollm2_tokenizer), "127.0.0.1", 0)
+    await server.start()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30.0) as client:
+        yield client, workers, backend
+    await server.stop()
+    await backend.close()
+    for subscription in subscriptions:
+        await subscription.stop()
+    await workers_bus.delete_topics(topics.tokens(gateway_id))
+    await workers_bus.close()
+
+
+async def _until_ready(client: httpx.AsyncClient) -> None:
+    for _ in range(300):
+        if (await client.get("/ready")).status_code == 200:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the gateway never became ready")
+
+
+async def _make_ready(client: httpx.AsyncClient, workers: FakeWorkers) -> None:
+    assert (await client.get("/ready")).status_code == 503  # no workers known yet
+    await workers.heartbeat(ServiceKind.PREFILL, "prefill-0")
+    await workers.heartbeat(ServiceKind.DECODE, "decode-0")
+    await _until_ready(client)
+
+
+def _entry(
+    request_id: str, ids: list[int], first: int, end: int, finish: FinishReason | None = None
+) -> TokenEntry:
+    return TokenEntry(
+        request_id=request_id, first_index=first, token_ids=tuple(ids[first:end]), finish_reason=finish
+    )
+
+
+async def test_chat_through_the_bus_with_redelivered_and_reordered_tokens(
+    stack: tuple[httpx.AsyncClient, FakeWorkers, BusBackend], smollm2_tokenizer: PromptTokenizer
+) -> None:
+    client, workers, _ = stack
+    await _make_ready(client, workers)
+    beat = await asyncio.wait_for(workers.gateway_beats.get(), 30)
+    assert (beat.worker_id, beat.state) == (workers.gateway_id, WorkerState.READY)
+    answer_ids = smollm2_tokenizer.encode_text(ANSWER)[:8]
+    expected_text = smollm2_tokenizer.tokenizer.decode(answer_ids)
+    body = {
+        "model": "smollm2",
+        "messages": MESSAGES,
+        "max_tokens": len(answer_ids),
+        "temperature": 0,
+        "stream": True,
+    }
+    response_task = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+    request = await asyncio.wait_for(workers.prefill_requests.get(), 30)
+    assert request.prompt_token_ids == tuple(smollm2_tokenizer.encode_chat(MESSAGES))
+    assert (request.sampling.max_tokens, request.sampling.temperature, request.model) == (
+        len(answer_ids),
+        0.0,
+        "smollm2",
+    )
+    rid, ids = request.request_id, answer_ids
+    await workers.tokens("prefill-0", 0, _entry(rid, ids, 0, 1))  # first token from prefill
+    await workers.tokens("decode-0", 1, _entry(rid, ids, 3, 5))  # arrives ahead of a gap
+    await workers.tokens("decode-0", 2, _entry(rid, ids, 1, 3))  # fills it
+    await workers.tokens("decode-0", 2, _entry(rid, ids, 1, 3))  # a redelivered copy
+    await workers.tokens("decode-0", 3, _entry(rid, ids, 4, len(ids), FinishReason.LENGTH))  # overlaps
+    response = await asyncio.wait_for(response_task, 30)
+    assert response.status_code == 200
+    events = [json.loads(b.removeprefix("data: ")) for b in response.text.split("\n\n")[:-2]]
+    assert response.text.endswith("data: [DONE]\n\n")
+    content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+    assert content == expected_text
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_cancel_on_disconnect_and_failure_from_the_stack(
+    stack: tuple[httpx.AsyncClient, FakeWorkers, BusBackend], smollm2_tokenizer: PromptTokenizer
+) -> None:
+    client, workers, _ = stack
+    await _make_ready(client, workers)
+    body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 50}
+    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}):
+        request = await asyncio.wait_for(workers.prefill_requests.get(), 30)
+    cancel = await asyncio.wait_for(workers.cancels.get(), 30)
+    assert cancel.request_id == request.request_id
+    # A request the stack gives up on (RequestFinished with an error) fails with a 500, not a hang.
+    failing = asyncio.create_task(client.post("/v1/completions", json=body))
+    request = await asyncio.wait_for(workers.prefill_requests.get(), 30)
+    finished = RequestFinished(
+        request_id=request.request_id, worker_id="decode-0", finish_reason=FinishReason.ERROR,
+        prompt_tokens=len(request.prompt_token_ids), completion_tokens=0, error="KV lost",
+    )  # fmt: skip
+    await workers.bus.publish(topics.tokens(workers.gateway_id), finished)
+    response = await asyncio.wait_for(failing, 30)
+    assert response.status_code == 500 and "aborted" in response.json()["error"]["message"]
+
+
+async def test_decode_status_feeds_the_gauges_and_draining_workers_unready(
+    stack: tuple[httpx.AsyncClient, FakeWorkers, BusBackend],
+) -> None:
+    client, workers, backend = stack
+    await _make_ready(client, workers)
+    status = DecodeStatus(
+        worker_id="decode-0",
+        seq=1,
+        free_blocks=25,
+        total_blocks=100,
+        running=3,
+        prefix_lo=100,
+        prefix_hi=140,
+        idle=False,
+    )
+    await workers.bus.publish(topics.BATCHER, status)
+    for _ in range(300):
+        if backend.stats().num_requests_running == 3:
+            break
+        await asyncio.sleep(0.05)
+    metrics = (await client.get("/metrics")).text
+    assert 'alignedserve:decode_kv_usage_perc{model_name="smollm2"} 0.75' in metrics
+    assert 'alignedserve:num_requests_running{model_name="smollm2"} 3.0' in metrics
+    await workers.heartbeat(ServiceKind.DECODE, "decode-0", WorkerState.DRAINING)
+    for _ in range(300):
+        if (await client.get("/ready")).status_code == 503:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the gateway stayed ready without a live decode worker")
