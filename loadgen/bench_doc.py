@@ -64,12 +64,12 @@ def fmt_ratio(value: float | None) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.2f}×"
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub markdown table; text columns left-aligned, the rest right-aligned by their header."""
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], text_columns: int = 1) -> str:
+    """A GitHub markdown table: the first `text_columns` (the row's names) left-aligned, numbers right."""
     for row in rows:
         if len(row) != len(headers):
             raise ValueError(f"row has {len(row)} cells, the table {len(headers)} columns: {row}")
-    numeric = [i > 0 for i in range(len(headers))]  # the first column names the row
+    numeric = [i >= text_columns for i in range(len(headers))]
     rule = ["---:" if n else "---" for n in numeric]
     lines = [_row(headers), _row(rule), *(_row(r) for r in rows)]
     return "\n".join(lines)

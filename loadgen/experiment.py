@@ -41,7 +41,7 @@ from alignedserve_loadgen.bench_runs import (
 )
 from alignedserve_loadgen.records import RequestRecord
 from alignedserve_loadgen.scrape import counter_delta, decode_stats, scrape
-from alignedserve_loadgen.servers import ServerProcess, free_port
+from alignedserve_loadgen.servers import ServerProcess, ServerStartError, free_port
 
 SECTION = "bench-e2e"
 
@@ -124,21 +124,36 @@ class RunSet:
 
 def run_stack_modes(
     modes: Sequence[StackMode], workloads: Sequence[BenchWorkload], scale: RunScale, launch: StackLaunch
-) -> RunSet:
-    runs = RunSet([], {})
+) -> tuple[RunSet, list[str]]:
+    """Every workload through the stack in each mode; returns the runs and the modes that did not start."""
+    runs, failed = RunSet([], {}), []
     for mode in modes:
         port = free_port()
         print(f"[bench-e2e] starting the stack: {mode.label} (port {port})", file=sys.stderr, flush=True)
-        with launch.server(mode, port) as server:
-            print(f"[bench-e2e] ready after {server.ready_after_s:.0f} s", file=sys.stderr, flush=True)
-            target = Target(mode.label, server.base_url)
-            for workload in workloads:
-                before = scrape(launch.metrics_urls())
-                result = run_workload(target, workload, scale)
-                stats = decode_stats(counter_delta(before, scrape(launch.metrics_urls())))
-                runs.rows.append(row_from(mode.name, workload.name, result, stats))
-                runs.records[(mode.name, workload.name)] = result.records
-    return runs
+        try:
+            with launch.server(mode, port) as server:
+                print(f"[bench-e2e] ready after {server.ready_after_s:.0f} s", file=sys.stderr, flush=True)
+                run_mode(mode, Target(mode.label, server.base_url), workloads, scale, launch, runs)
+        except ServerStartError as e:
+            print(f"[bench-e2e] {e}", file=sys.stderr, flush=True)
+            failed.append(f"{mode.label}: the stack did not start ({str(e).splitlines()[0]})")
+    return runs, failed
+
+
+def run_mode(
+    mode: StackMode,
+    target: Target,
+    workloads: Sequence[BenchWorkload],
+    scale: RunScale,
+    launch: StackLaunch,
+    runs: RunSet,
+) -> None:
+    for workload in workloads:
+        before = scrape(launch.metrics_urls())
+        result = run_workload(target, workload, scale)
+        stats = decode_stats(counter_delta(before, scrape(launch.metrics_urls())))
+        runs.rows.append(row_from(mode.name, workload.name, result, stats))
+        runs.records[(mode.name, workload.name)] = result.records
 
 
 # ---- ratios and the markdown section (pure) ----
@@ -196,13 +211,20 @@ def result_cells(row: RunRow, workload_title: str, target_label: str) -> list[st
     ]
 
 
+# server-side stats shown as extra columns when some row measured them: (stat, header, scale)
+SERVER_COLUMNS = (
+    ("mixed_iteration_fraction", "mixed iterations %", 100.0),
+    ("mean_batch_prefix_spread", "batch prefix spread (tokens)", 1.0),
+)
+
+
 def results_table(
     runs: RunSet, workloads: Sequence[BenchWorkload], labels: dict[str, str]
 ) -> tuple[str, bool]:
-    """The per-(workload, mode) table; the mixed-iteration column only when some row measured it.
+    """The per-(workload, mode) table, with a server-stat column for each stat some row measured.
     Returns (table, whether the mixed-iteration column is present)."""
-    with_mixed = any("mixed_iteration_fraction" in r.server_stats for r in runs.rows)
-    headers = RESULT_HEADERS + (["mixed iterations %"] if with_mixed else [])
+    shown = [c for c in SERVER_COLUMNS if any(c[0] in r.server_stats for r in runs.rows)]
+    headers = RESULT_HEADERS + [header for _, header, _ in shown]
     cells = []
     for workload in workloads:
         for target, label in labels.items():
@@ -210,11 +232,13 @@ def results_table(
             if row is None:
                 continue
             line = result_cells(row, workload.title, label)
-            if with_mixed:
-                fraction = row.server_stats.get("mixed_iteration_fraction")
-                line.append(fmt(None if fraction is None else 100.0 * fraction))
+            for stat, _, factor in shown:
+                value = row.server_stats.get(stat)
+                line.append(fmt(None if value is None else factor * value))
             cells.append(line)
-    return markdown_table(headers, cells), with_mixed
+    return markdown_table(headers, cells, text_columns=2), any(
+        c[0] == "mixed_iteration_fraction" for c in shown
+    )
 
 
 def ratios_table(runs: RunSet, workloads: Sequence[BenchWorkload]) -> str:
@@ -249,6 +273,7 @@ def render_section(
     plots: Sequence[Path],
     doc_dir: Path,
     when: str,
+    failed: Sequence[str] = (),
 ) -> str:
     table, with_mixed = results_table(runs, workloads, {m.name: m.label for m in modes})
     parts = [
@@ -268,6 +293,8 @@ def render_section(
             "The mixed-iteration fraction is left out: the services exposed no decode iteration counters "
             "(`*iterations_total`, mixed ones named `mixed` or `switch`) on /metrics in this run.",
         ]
+    if failed:
+        parts += ["", *(f"Not measured: {f}" for f in failed)]
     parts += [""] + [f"![{p.stem}]({relative_link(p, doc_dir)})" for p in plots]
     return "\n".join(parts)
 
@@ -302,7 +329,11 @@ def scale_from(a: argparse.Namespace) -> RunScale:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m alignedserve_loadgen.experiment", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m alignedserve_loadgen.experiment",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"), help="markdown file to update")
     p.add_argument("--img-dir", type=Path, default=Path("docs/img/bench-e2e"), help="where the PNGs go")
     p.add_argument("--json", type=Path, default=None, help="also write every result as one JSON object")
@@ -341,7 +372,10 @@ def main(argv: list[str]) -> int:
         return 2
     modes = [MODES[m] for m in a.modes.split(",")]
     launch = StackLaunch(a.log_dir, a.bus, a.prefill, a.decode, a.dtype, a.metrics_base_port)
-    runs = run_stack_modes(modes, workloads, scale, launch)
+    runs, failed = run_stack_modes(modes, workloads, scale, launch)
+    if not runs.rows:
+        print("error: no mode of the stack started; docs left unchanged", file=sys.stderr)
+        return 1
     plots = [
         compare_cdfs(
             {m.label: runs.records.get((m.name, w.name), []) for m in modes},
@@ -353,14 +387,19 @@ def main(argv: list[str]) -> int:
     command = "python -m alignedserve_loadgen.experiment " + shlex.join(argv)
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     write_section(
-        a.out, SECTION, render_section(runs, workloads, modes, scale, command, plots, a.out.parent, when)
+        a.out,
+        SECTION,
+        render_section(runs, workloads, modes, scale, command, plots, a.out.parent, when, failed),
     )
     if a.json is not None:
         a.json.write_text(
-            json.dumps(json_report(runs, workloads, scale, {"command": command, "date": when}), indent=2)
+            json.dumps(
+                json_report(runs, workloads, scale, {"command": command, "date": when, "failed": failed}),
+                indent=2,
+            )
         )
     print(json.dumps({w.name: mode_ratios(runs, w.name) for w in workloads}, indent=2))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def export_gguf_as_hf(gguf: Path, out_dir: Path, dtype: str = "float32") -> Path
     values = _plain_config(loaded.config.to_dict())
     config = AutoConfig.for_model(str(values.pop("model_type")), **values)
     config.dtype = getattr(torch, dtype)
-    plain = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    plain = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))  # type: ignore[no-untyped-call]
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:

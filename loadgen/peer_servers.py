@@ -25,7 +25,8 @@ from alignedserve_loadgen.tokenizer import SMOLLM2_GGUF, cache_root, packaged_gg
 
 STAMP = ".alignedserve-peer-complete"
 PY_VERSION = "python3.11"
-SMOLLM2_EOS_ID = 2  # <|im_end|>: suppressed where a server has no ignore_eos
+# <|endoftext|> and <|im_end|>: both end generation in llama.cpp; suppressed where there is no ignore_eos
+SMOLLM2_END_TOKEN_IDS = (0, 2)
 
 
 class InstallError(RuntimeError):
@@ -271,7 +272,10 @@ class LlamaCppPeer:
 
     def target(self, base_url: str) -> Target:
         return Target(
-            self.name, base_url, ignore_eos=False, extra_body={"logit_bias": {str(SMOLLM2_EOS_ID): -100.0}}
+            self.name,
+            base_url,
+            ignore_eos=False,
+            extra_body={"logit_bias": {str(t): -100.0 for t in SMOLLM2_END_TOKEN_IDS}},
         )
 
     def describe(self) -> str:

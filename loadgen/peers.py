@@ -15,7 +15,7 @@ import argparse
 import json
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -93,7 +93,7 @@ class AlignedServeTarget:
 def run_target(
     name: str,
     server: ServerProcess,
-    target_of: Any,
+    target_of: Callable[[str], Target],
     workloads: Sequence[BenchWorkload],
     scale: RunScale,
     runs: RunSet,
@@ -101,7 +101,7 @@ def run_target(
     print(f"[bench-peers] starting {name}", file=sys.stderr, flush=True)
     with server:
         print(f"[bench-peers] {name} ready after {server.ready_after_s:.0f} s", file=sys.stderr, flush=True)
-        target: Target = target_of(server.base_url)
+        target = target_of(server.base_url)
         for workload in workloads:
             result = run_workload(target, workload, scale)
             runs.rows.append(
@@ -159,7 +159,7 @@ def peers_table(runs: RunSet, workloads: Sequence[BenchWorkload], labels: dict[s
                     "n/a" if not_worse is None else ("yes" if not_worse else "no"),
                 ]
             cells.append(line)
-    return markdown_table(headers, cells)
+    return markdown_table(headers, cells, text_columns=2)
 
 
 def render_section(
@@ -181,8 +181,7 @@ def render_section(
         "at a time; every server gets the same requests, with output lengths forced (`ignore_eos`, or the "
         "end-of-turn token suppressed where a server has no `ignore_eos`) and checked.",
         "",
-        *(f"- {setup}" for setup in setups),
-        "",
+        *([*(f"- {setup}" for setup in setups), ""] if setups else []),
         peers_table(runs, workloads, labels),
     ]
     if skipped:
@@ -195,7 +194,11 @@ def render_section(
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m alignedserve_loadgen.peers", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m alignedserve_loadgen.peers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"), help="markdown file to update")
     p.add_argument("--img-dir", type=Path, default=Path("docs/img/bench-peers"), help="where the PNGs go")
     p.add_argument("--json", type=Path, default=None, help="also write every result as one JSON object")

@@ -15,6 +15,9 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
+# The batcher's histogram of (max - min) prefix length over each formed batch: how aligned batches are.
+SPREAD = "alignedserve:batcher_batch_prefix_spread_tokens"
+
 Samples = dict[str, float]  # "name{label=value,...}" -> value, summed over the scraped endpoints
 
 
@@ -42,9 +45,14 @@ def scrape(urls: Iterable[str], timeout_s: float = 2.0) -> Samples:
     return total
 
 
+CUMULATIVE_SUFFIXES = ("_total", "_sum", "_count")  # counters, and histograms' running sum and count
+
+
 def counter_delta(before: Mapping[str, float], after: Mapping[str, float]) -> Samples:
-    """after - before for the counters (`*_total`) present after the run."""
-    return {k: v - before.get(k, 0.0) for k, v in after.items() if _base_name(k).endswith("_total")}
+    """after - before for the cumulative samples (counters, histogram sums and counts) after the run."""
+    return {
+        k: v - before.get(k, 0.0) for k, v in after.items() if _base_name(k).endswith(CUMULATIVE_SUFFIXES)
+    }
 
 
 def _base_name(key: str) -> str:
@@ -76,4 +84,7 @@ def decode_stats(delta: Mapping[str, float]) -> dict[str, float]:
         stats["mixed_iterations"] = mixed
     if found_iterations and found_mixed and iterations > 0:
         stats["mixed_iteration_fraction"] = mixed / iterations
+    spread_sum, spread_count = delta.get(SPREAD + "_sum"), delta.get(SPREAD + "_count")
+    if spread_sum is not None and spread_count:
+        stats["mean_batch_prefix_spread"] = spread_sum / spread_count
     return stats

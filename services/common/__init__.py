@@ -1,3 +1,34 @@
-"""Scaffolding every service shares: config, JSON logging, health/ready/metrics HTTP, SIGTERM drain."""
+"""Scaffolding every service shares: config, JSON logging, health/ready/metrics HTTP, SIGTERM drain.
+
+The shape of a service's `main(argv)` (the gateway's `main.py` is a complete example)::
+
+    class DecodeSettings(WorkerSettings):           # config.py: flags + ALIGNEDSERVE_[DECODE_]* env vars
+        service_name: ClassVar[str] = "decode"
+        max_batch: int = Field(128, ge=1, description="...")
+
+    def main(argv: list[str]) -> int:
+        try:
+            settings = DecodeSettings.from_argv(argv, prog="alignedserve decode")
+        except ConfigError as exc:                   # names the flag and env vars; exit code 2
+            print(f"alignedserve decode: {exc}", file=sys.stderr)
+            return 2
+        configure_logging("decode", settings.log_level, settings.log_format)     # logs.py
+        return asyncio.run(serve(settings))
+
+    async def serve(settings: DecodeSettings) -> int:
+        drain = Drain(settings.drain_timeout_s)      # drain.py: SIGTERM -> draining
+        drain.install_signal_handlers()
+        registry = CollectorRegistry()               # the service's own Prometheus metrics
+        server = HttpServer(ops_app("decode", worker.ready, registry, drain),   # http.py
+                            settings.metrics_host, settings.metrics_port)
+        await server.start()                         # /health, /ready, /metrics
+        ...                                          # run; wrap each unit of work in `with drain.track():`
+        await drain.wait_begun()                     # SIGTERM: /ready is 503 from now on
+        await drain.wait_idle()                      # in-flight work finishes (bounded)
+        await server.stop()
+        return 0
+
+Inside a request handler, `with request_context(request_id):` puts the request id on every log line.
+"""
 
 from __future__ import annotations

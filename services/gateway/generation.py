@@ -63,6 +63,13 @@ class Generation:
             self._timer.tokens(len(chunk.token_ids), now)
             if chunk.finish_reason is not None:
                 self._timer.finish(chunk.finish_reason, now)
+                log.info(
+                    "request_finished",
+                    id=self.request.request_id,
+                    finish_reason=chunk.finish_reason,
+                    completion_tokens=chunk.num_output_tokens,
+                    seconds=round(now - self.request.arrival_time, 4),
+                )
             yield chunk
             if self._assembler.finished:
                 return

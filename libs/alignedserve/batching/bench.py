@@ -54,17 +54,19 @@ def rss_mb() -> float:
 class Workload:
     """Seeded request factory: prefixes from the trace, arrivals on a steady clock."""
 
-    def __init__(self, prefixes: list[int], block_size: int, seed: int) -> None:
+    def __init__(self, prefixes: list[int], block_size: int, seed: int, shuffled: bool = False) -> None:
         self.prefixes, self.block_size = prefixes, block_size
         self.rng = random.Random(seed)
         self.serial = 0
         self.now = 0.0
+        self.shuffled = shuffled  # stress: arrival times out of order (as if all moved in late)
 
     def request(self) -> WaitingRequest:
         self.serial += 1
         self.now += 1e-4
         prefix = self.rng.choice(self.prefixes)
-        return WaitingRequest(f"q{self.serial}", prefix, blocks_for(prefix, self.block_size), self.now)
+        arrival = self.rng.uniform(0.0, self.now) if self.shuffled else self.now
+        return WaitingRequest(f"q{self.serial}", prefix, blocks_for(prefix, self.block_size), arrival)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
@@ -156,7 +158,7 @@ def bench_forms(
 def run_one(name: str, size: int, args: argparse.Namespace, prefixes: list[int]) -> dict[str, Any]:
     gc.collect()
     base_rss = rss_mb()
-    work = Workload(prefixes, args.block_size, args.seed)
+    work = Workload(prefixes, args.block_size, args.seed, args.shuffle_arrivals)
     policy = make_policy(
         name, max_len=args.max_prefix + 1, leaf_width=args.block_size, starvation_s=args.starvation_s
     )
@@ -201,6 +203,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--oracle-samples", type=int, default=20, help="aligned batches checked against the exact window"
     )
     parser.add_argument("--oracle-max-size", type=int, default=100_000, help="no oracle checks above this N")
+    parser.add_argument(
+        "--shuffle-arrivals", action="store_true", help="stress: arrival times out of order (uniform so far)"
+    )
     parser.add_argument("--no-freeze", action="store_true", help="leave the built pool in the cyclic GC")
     args = parser.parse_args(argv)
     try:

@@ -118,6 +118,7 @@ def main(argv: list[str]) -> int:
 
 def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     import torch
+
     from alignedserve.engine.bench_roofline import linear_shapes
     from alignedserve.engine.loader import load
 
@@ -195,6 +196,7 @@ def _run_case(
 
 def _kv_needs(loaded: Any, dtype: str, batch: int, prefix: int, steps: int) -> dict[str, int]:
     import torch
+
     from alignedserve.engine.bench_hf import CB_MAX_BATCH_TOKENS, CB_PAGE_SIZE
 
     config = loaded.config
@@ -214,6 +216,7 @@ def _kv_needs(loaded: Any, dtype: str, batch: int, prefix: int, steps: int) -> d
 
 def _rooflines(shapes: Any, batches: list[int], dtype: str) -> list[dict[str, Any]]:
     import torch
+
     from alignedserve.engine.bench_roofline import measure_roofline
 
     rows = []
@@ -283,16 +286,16 @@ def _settings(args: argparse.Namespace) -> Settings:
     dtypes = _words(args.dtypes or defaults.dtypes)
     if unknown := set(dtypes) - {"float32", "bfloat16"}:
         raise ValueError(f"dtypes {sorted(unknown)} are not benchmarked on CPU; use float32, bfloat16")
-    steps = args.steps or defaults.steps
+    steps = defaults.steps if args.steps is None else args.steps
     settings = Settings(
         batches=_ints(args.batches or defaults.batches, "batches"),
         prefixes=_ints(args.prefixes or defaults.prefixes, "prefixes"),
         dtypes=dtypes,
         steps=steps,
-        repeats=args.repeats or defaults.repeats,
+        repeats=defaults.repeats if args.repeats is None else args.repeats,
         systems=systems,
         kv_budget_bytes=int((args.max_kv_gib or _default_budget_gib()) * 2**30),
-        ratio_steps=args.ratio_steps or steps,
+        ratio_steps=steps if args.ratio_steps is None else args.ratio_steps,
     )
     if settings.steps < 2 or settings.repeats < 1 or settings.ratio_steps < 2:
         raise ValueError("--steps and --ratio-steps must be >= 2 and --repeats >= 1")

@@ -104,6 +104,9 @@ def hf_continuous_decode(model: Any, prompt: list[int], batch: int, steps: int) 
         num_blocks=batch * pages_per_row + 4,
         max_batch_tokens=max(CB_MAX_BATCH_TOKENS, batch),
         max_requests_per_batch=batch,
+        # The cache is sized for the whole workload, so no free-block margin is needed; with one,
+        # prefills would be admitted one per iteration and the batch would never decode all together.
+        safety_margin=0.0,
     )
     generation = _greedy_config(model, new_tokens)
     generation.eos_token_id = -1  # continuous batching's spelling of "no EOS"
@@ -124,4 +127,8 @@ def hf_continuous_decode(model: Any, prompt: list[int], batch: int, steps: int) 
     if in_window < 0.9 * batch * len(window):
         raise RuntimeError("continuous batching did not decode all rows in the same iterations")
     gaps = [b - a for a, b in itertools.pairwise(window)]
+    if len(gaps) < steps // 2:
+        raise RuntimeError(
+            f"continuous batching decoded the full batch together for {len(gaps)} iterations only"
+        )
     return rate_from_gaps(batch, gaps[:steps])

@@ -33,7 +33,9 @@ class EngineConfig:
     attention: str = "auto"  # decode attention strategy; "auto" picks per batch shape
     timings: bool = False  # record per-iteration linear/attention time split
     num_threads: int | None = None  # torch intra-op threads on CPU (None: leave torch's default)
-    cache_dir: str | None = None  # dequantized-weight cache (None: $ALIGNEDSERVE_CACHE or ~/.cache/alignedserve)
+    cache_dir: str | None = (
+        None  # dequantized-weight cache (None: $ALIGNEDSERVE_CACHE or ~/.cache/alignedserve)
+    )
 
     def __post_init__(self) -> None:
         self._check_device_dtype()

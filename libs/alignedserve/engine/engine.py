@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from alignedserve.engine.attention import BucketedGrouping, PaddedGrouping, PerSequenceGrouping
+from alignedserve.engine.attention import (
+    BucketedGrouping,
+    DecodeGrouping,
+    PaddedGrouping,
+    PerSequenceGrouping,
+)
 from alignedserve.engine.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
 from alignedserve.engine.kv_cache import PagedKvCache
 from alignedserve.engine.loader import LoadedModel, load
@@ -36,6 +42,17 @@ from alignedserve.engine.stopping import StopChecker
 from alignedserve.engine.timing import IterationTiming, NullTimer, WallTimer
 from alignedserve.kvcache.allocator import BlockAllocator, blocks_for
 from alignedserve.kvcache.export import KvExport, export_kv, import_kv
+
+
+@dataclass(frozen=True, slots=True)
+class RunningInfo:
+    """One decoding request: what the per-iteration scheduler needs to plan around it."""
+
+    request_id: str
+    num_computed: int  # tokens whose K/V are in the cache (the request's prefix length)
+    num_blocks: int  # KV blocks it holds now
+    output_len: int  # tokens generated so far
+
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -136,6 +153,11 @@ class LLMEngine:
                 outputs[output.request_id] = output
         return [outputs[request_id] for request_id, _, _ in requests]
 
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise the `RequestError` that `add_request`/`prefill` would, without taking the request."""
+        params.validate()
+        self._check_prompt(prompt_token_ids, params)
+
     def export_kv(self, request_id: str) -> KvExport:
         """The request's cached KV (all tokens but the last sampled one) as one contiguous buffer."""
         request = self._request(request_id)
@@ -175,9 +197,29 @@ class LLMEngine:
     def num_free_blocks(self) -> int:
         return self.allocator.num_free
 
+    def running_requests(self) -> list[RunningInfo]:
+        """The decoding requests in batch order, as a batch-level scheduler sees them (cheap: no copies)."""
+        block_size = self.allocator.block_size
+        return [
+            RunningInfo(
+                r.request_id,
+                r.num_computed,
+                self.allocator.capacity_tokens(r.request_id) // block_size,
+                len(r.output_token_ids),
+            )
+            for r in self.scheduler.running
+        ]
+
+    def token_ids(self, request_id: str) -> tuple[list[int], list[int]]:
+        """Copies of the request's prompt and output token ids (what travels with its exported KV)."""
+        request = self._request(request_id)
+        return list(request.prompt_token_ids), list(request.output_token_ids)
+
     # --- internals -----------------------------------------------------------------------------------
 
-    def _add(self, request_id: str, prompt: list[int], params: SamplingParams, park_after_prefill: bool) -> None:
+    def _add(
+        self, request_id: str, prompt: list[int], params: SamplingParams, park_after_prefill: bool
+    ) -> None:
         request = self._new_request(request_id, prompt, params, park_after_prefill)
         self._requests[request_id] = request
         self.scheduler.add(request)
@@ -288,7 +330,7 @@ class LLMEngine:
 
 
 def _selector(config: EngineConfig) -> GroupingSelector:
-    fixed = {
+    fixed: dict[str, DecodeGrouping] = {
         "padded": PaddedGrouping(),
         "per_sequence": PerSequenceGrouping(),
         "bucketed": BucketedGrouping(ShapeSelector.MAX_PAD_TOKENS),

@@ -40,7 +40,9 @@ class PagedKvCache:
         self.device = device
         shape = (num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim)
         self.keys = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)]
-        self.values = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)]
+        self.values = [
+            torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)
+        ]
 
     def flat_keys(self, layer: int) -> torch.Tensor:
         """[num_blocks * block_size, kv_heads, head_dim] view of one layer's K."""

@@ -41,7 +41,7 @@ class ModelSource:
 
 @dataclass
 class LoadedModel:
-    hf_model: torch.nn.Module  # a transformers *ForCausalLM in eval mode on the target device/dtype
+    hf_model: Any  # a transformers *ForCausalLM in eval mode on the target device/dtype
     tokenizer: Any  # transformers tokenizer (chat template included)
     config: PretrainedConfig
     model_id: str
@@ -78,7 +78,7 @@ def load(model: str, dtype: torch.dtype, device: str, cache_dir: str | None = No
         raise ModelLoadError(
             f"model type {config.model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}"
         )
-    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, attn_implementation="sdpa")
+    hf_model: Any = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, attn_implementation="sdpa")
     hf_model = hf_model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     return LoadedModel(
@@ -99,7 +99,7 @@ def _smollm2_dir() -> Path:
 
 def _hub_cache_dir(model: str) -> Path:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from huggingface_hub import snapshot_download  # noqa: PLC0415 - only for hub ids
+    from huggingface_hub import snapshot_download
 
     try:
         return Path(snapshot_download(model, local_files_only=True))
@@ -128,7 +128,7 @@ def _dequantized_dir(source: ModelSource, root: Path) -> tuple[Path, bool]:
     target = root / _cache_key(source.path / source.gguf_file)
     if (target / _COMPLETE_MARKER).exists():
         return target, True
-    model = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file)
+    model: Any = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file)
     tokenizer = AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
     # The weights are plain tensors now; drop the GGUF quantizer so transformers will serialize them.
     model.hf_quantizer = None

@@ -7,11 +7,9 @@ requests: T tokens of any mix of requests, each with its own position.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
-from torch import nn
-from transformers.models.llama.modeling_llama import rotate_half
 
 from alignedserve.engine.kv_cache import KvLayout
 
@@ -29,7 +27,9 @@ class PagedModel(Protocol):
     layout_heads: tuple[int, int, int, int]  # (layers, heads, kv_heads, head_dim)
     max_context: int
 
-    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: LayerAttention) -> torch.Tensor:
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: LayerAttention
+    ) -> torch.Tensor:
         """input_ids, positions: [T] int64 -> final hidden states [T, hidden]."""
         ...
 
@@ -46,19 +46,21 @@ def kv_layout(model: PagedModel, block_size: int, dtype: torch.dtype) -> KvLayou
 class LlamaFamilyModel:
     """Llama, Mistral, Qwen2, SmolLM: RMSNorm, rotary positions, GQA, gated MLP."""
 
-    def __init__(self, hf_model: nn.Module) -> None:
+    def __init__(self, hf_model: Any) -> None:  # transformers modules: attributes are dynamic
         config = hf_model.config
-        self.model = hf_model.model
-        self.lm_head = hf_model.lm_head
-        self.heads = config.num_attention_heads
-        self.kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.model: Any = hf_model.model
+        self.lm_head: Any = hf_model.lm_head
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
         self.scale = self.head_dim**-0.5
         self.layout_heads = (config.num_hidden_layers, self.heads, self.kv_heads, self.head_dim)
         self.max_context = _llama_context(config)
 
     @torch.inference_mode()
-    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: LayerAttention) -> torch.Tensor:
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: LayerAttention
+    ) -> torch.Tensor:
         tokens = input_ids.shape[0]
         h = self.model.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.model.rotary_emb(h, positions.unsqueeze(0))  # [1, T, d] each
@@ -69,8 +71,8 @@ class LlamaFamilyModel:
             q = attn.q_proj(x).view(tokens, self.heads, self.head_dim)
             k = attn.k_proj(x).view(tokens, self.kv_heads, self.head_dim)
             v = attn.v_proj(x).view(tokens, self.kv_heads, self.head_dim)
-            q = q * cos + rotate_half(q) * sin  # same arithmetic as transformers' apply_rotary_pos_emb
-            k = k * cos + rotate_half(k) * sin
+            q = q * cos + _rotate_half(q) * sin  # same arithmetic as transformers' apply_rotary_pos_emb
+            k = k * cos + _rotate_half(k) * sin
             o = attention(index, q, k, v, self.scale)  # [T, heads, d]
             h = h + attn.o_proj(o.reshape(tokens, self.heads * self.head_dim))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -88,18 +90,20 @@ class OptModel:
 
     POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding.offset
 
-    def __init__(self, hf_model: nn.Module) -> None:
+    def __init__(self, hf_model: Any) -> None:  # transformers modules: attributes are dynamic
         config = hf_model.config
-        self.decoder = hf_model.model.decoder
-        self.lm_head = hf_model.lm_head
-        self.heads = config.num_attention_heads
-        self.head_dim = config.hidden_size // self.heads
+        self.decoder: Any = hf_model.model.decoder
+        self.lm_head: Any = hf_model.lm_head
+        self.heads = int(config.num_attention_heads)
+        self.head_dim = int(config.hidden_size) // self.heads
         self.layout_heads = (config.num_hidden_layers, self.heads, self.heads, self.head_dim)
         self.max_context = int(config.max_position_embeddings)
         self.pre_norm = bool(config.do_layer_norm_before)
 
     @torch.inference_mode()
-    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: LayerAttention) -> torch.Tensor:
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: LayerAttention
+    ) -> torch.Tensor:
         tokens = input_ids.shape[0]
         decoder = self.decoder
         h = decoder.embed_tokens(input_ids)
@@ -126,7 +130,8 @@ class OptModel:
             h = decoder.final_layer_norm(h)
         if decoder.project_out is not None:
             h = decoder.project_out(h)
-        return h
+        out: torch.Tensor = h
+        return out
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -134,18 +139,26 @@ class OptModel:
         return out
 
 
-def _llama_context(config: object) -> int:
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    # As transformers' rotate_half: [x1, x2] -> [-x2, x1] over the last dim.
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _llama_context(config: Any) -> int:
     # Full attention only: where a sliding window applies, the context is capped at the window so that
     # plain causal attention over the whole cache stays exact.
-    context = int(getattr(config, "max_position_embeddings"))
+    context = int(config.max_position_embeddings)
     window = getattr(config, "sliding_window", None)
-    uses_window = getattr(config, "model_type", "") == "mistral" or getattr(config, "use_sliding_window", False)
+    uses_window = getattr(config, "model_type", "") == "mistral" or getattr(
+        config, "use_sliding_window", False
+    )
     if window and uses_window:
         context = min(context, int(window))
     return context
 
 
-def paged_model(hf_model: nn.Module) -> PagedModel:
+def paged_model(hf_model: Any) -> PagedModel:
     """The lean forward for a loaded transformers causal LM."""
     model_type = hf_model.config.model_type
     if model_type in ("llama", "mistral", "qwen2"):

@@ -94,7 +94,9 @@ class Request:
     def output(self, new_tokens: int) -> RequestOutput:
         return RequestOutput(
             request_id=self.request_id,
-            new_token_ids=self.output_token_ids[len(self.output_token_ids) - new_tokens :] if new_tokens else [],
+            new_token_ids=self.output_token_ids[len(self.output_token_ids) - new_tokens :]
+            if new_tokens
+            else [],
             output_token_ids=list(self.output_token_ids),
             finished=self.finish_reason is not None,
             finish_reason=self.finish_reason,

@@ -94,7 +94,9 @@ class ModelRunner:
         slot_tensor = self._tensor(slots)
         cache, timer = self.cache, self.timer
 
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        def attend(
+            layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+        ) -> torch.Tensor:
             with timer.attention():
                 cache.write(layer, slot_tensor, k, v)
                 return prefill_attention(cache, layer, q, k, v, spans, scale)
@@ -112,11 +114,17 @@ class ModelRunner:
             grouping, context_lens, [row.block_table for row in rows], self.block_size, self.device
         )
         slot_tensor = self._tensor(
-            [row.block_table[row.position // self.block_size] * self.block_size + row.position % self.block_size for row in rows]
+            [
+                row.block_table[row.position // self.block_size] * self.block_size
+                + row.position % self.block_size
+                for row in rows
+            ]
         )
         cache, timer = self.cache, self.timer
 
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        def attend(
+            layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+        ) -> torch.Tensor:
             with timer.attention():
                 cache.write(layer, slot_tensor, k, v)
                 return decode_attention(cache, layer, q, plan, scale)

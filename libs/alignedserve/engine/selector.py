@@ -1,6 +1,6 @@
 """Decode attention strategy by batch shape (see `alignedserve.engine.attention` for the groupings).
 
-Measured on a 2-core AVX-512 CPU (docs/engine.md, `python -m alignedserve.engine.attention_bench`):
+Measured on a 2-core AVX-512 CPU (`python -m alignedserve.engine.attention_bench`, figures in docs/engine.md):
 - all contexts within MAX_PAD_TOKENS of each other and few keys in all: one padded SDPA call is
   fastest (one gather, no sort);
 - a single row: one call with no mask;
@@ -11,7 +11,12 @@ Measured on a 2-core AVX-512 CPU (docs/engine.md, `python -m alignedserve.engine
 
 from __future__ import annotations
 
-from alignedserve.engine.attention import BucketedGrouping, DecodeGrouping, PaddedGrouping, PerSequenceGrouping
+from alignedserve.engine.attention import (
+    BucketedGrouping,
+    DecodeGrouping,
+    PaddedGrouping,
+    PerSequenceGrouping,
+)
 from alignedserve.engine.runner import GroupingSelector
 
 
@@ -28,6 +33,9 @@ class ShapeSelector(GroupingSelector):
         if len(context_lens) == 1:
             return self.single
         longest = max(context_lens)
-        if longest - min(context_lens) <= self.MAX_PAD_TOKENS and longest * len(context_lens) <= self.MAX_GROUP_KEYS:
+        if (
+            longest - min(context_lens) <= self.MAX_PAD_TOKENS
+            and longest * len(context_lens) <= self.MAX_GROUP_KEYS
+        ):
             return self.padded
         return self.bucketed

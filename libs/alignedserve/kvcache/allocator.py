@@ -18,7 +18,7 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-class OutOfBlocks(Exception):  # noqa: N818 - reads as "raise OutOfBlocks"
+class OutOfBlocks(Exception):
     """Not enough free KV blocks for the request; nothing was allocated."""
 
     def __init__(self, needed: int, free: int, total: int) -> None:

@@ -86,7 +86,9 @@ class KvExport:
             buffer = bytearray(buffer)  # torch tensors need writable memory
         if len(buffer) != header.payload_nbytes:
             raise KvFormatError(f"payload has {len(buffer)} bytes, header says {header.payload_nbytes}")
-        raw = torch.frombuffer(buffer, dtype=torch.uint8) if len(buffer) else torch.empty(0, dtype=torch.uint8)
+        raw = (
+            torch.frombuffer(buffer, dtype=torch.uint8) if len(buffer) else torch.empty(0, dtype=torch.uint8)
+        )
         return cls(header, raw.view(header.torch_dtype).view(header.payload_shape))
 
 
@@ -131,7 +133,9 @@ def import_kv(cache: PagedKvCache, export: KvExport, block_table: list[int], mod
         raise KvFormatError("KV payload checksum mismatch: the bytes were corrupted in transit")
     if header.num_tokens > len(block_table) * cache.layout.block_size:
         raise ValueError(f"{header.num_tokens} tokens do not fit {len(block_table)} blocks")
-    slots = torch.tensor(cache.slots(block_table, 0, header.num_tokens), dtype=torch.int64, device=cache.device)
+    slots = torch.tensor(
+        cache.slots(block_table, 0, header.num_tokens), dtype=torch.int64, device=cache.device
+    )
     payload = export.payload.to(cache.device)
     for layer in range(header.num_layers):
         cache.flat_keys(layer).index_copy_(0, slots, payload[layer, 0])
@@ -140,7 +144,13 @@ def import_kv(cache: PagedKvCache, export: KvExport, block_table: list[int], mod
 
 def check_compatible(header: KvHeader, cache: PagedKvCache, model_id: str) -> None:
     layout = cache.layout
-    want = (model_id, str(layout.dtype).removeprefix("torch."), layout.num_layers, layout.num_kv_heads, layout.head_dim)
+    want = (
+        model_id,
+        str(layout.dtype).removeprefix("torch."),
+        layout.num_layers,
+        layout.num_kv_heads,
+        layout.head_dim,
+    )
     got = (header.model_id, header.dtype, header.num_layers, header.num_kv_heads, header.head_dim)
     if want != got:
         raise KvFormatError(
@@ -153,4 +163,5 @@ def _byte_view(payload: torch.Tensor) -> memoryview:
     flat = host.contiguous().view(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy())
+    view: memoryview = flat.view(torch.uint8).numpy().data
+    return view

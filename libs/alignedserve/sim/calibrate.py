@@ -107,11 +107,11 @@ def measure_transformers(
                 cache = model(input_ids=ids, use_cache=True).past_key_values
                 step = torch.randint(0, cfg.vocab_size, (b, 1), generator=gen)
                 times = []
-                for j in range(repeats):  # each step attends over one more token
+                for _ in range(repeats + 1):  # the first step warms up; each attends one token more
                     start = time.perf_counter()
                     cache = model(input_ids=step, past_key_values=cache, use_cache=True).past_key_values
                     times.append(time.perf_counter() - start)
-                    decode.append(DecodeSample((s + j + 1,) * b, times[-1]))
+                decode.append(DecodeSample((s + 1 + repeats // 2,) * b, statistics.median(times[1:])))
     return decode, prefill, kv_bytes
 
 
@@ -126,9 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-bytes-per-token", type=int, help="with --samples: the engine's KV bytes a token")
     p.add_argument("--kv-budget-gib", type=float, default=2.0, help="KV memory a CPU decode worker holds")
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--batches", default="1,4,8,16")
-    p.add_argument("--prefixes", default="64,256,768")
-    p.add_argument("--prompts", default="32,128,256,512,1024")
+    p.add_argument("--batches", default="1,4,8")
+    p.add_argument("--prefixes", default="32,128,384")
+    p.add_argument("--prompts", default="32,128,256,512")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=CALIBRATION_PATH)
     return p

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from alignedserve.batching.policies import POLICY_NAMES, make_policy
@@ -166,6 +166,11 @@ def compare(specs: list[RequestSpec], cost: CostModel, args: argparse.Namespace)
 
     ratios = {
         "throughput_aligned_over_fcfs": ratio(a["decode_throughput_tok_s"], f["decode_throughput_tok_s"]),
+        "steady_throughput_aligned_over_fcfs": ratio(
+            a["steady_throughput_tok_s"], f["steady_throughput_tok_s"]
+        ),
+        "steady_throughput_loss_prefetch_off": 1.0
+        - ratio(off["steady_throughput_tok_s"], a["steady_throughput_tok_s"]),
         "p99_tpot_fcfs_over_aligned": ratio(f["p99_tpot_ms"], a["p99_tpot_ms"]),
         "mean_tpot_fcfs_over_aligned": ratio(f["mean_tpot_ms"], a["mean_tpot_ms"]),
         "throughput_loss_prefetch_off": 1.0
@@ -221,4 +226,4 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["RunSpec", "build_workload", "compare", "main", "replace", "simulate"]
+__all__ = ["RunSpec", "build_workload", "compare", "main", "simulate"]

@@ -330,7 +330,11 @@ class Cluster:
             if not self.config.prefetch:
                 self._into_pool(r)
         for request_id in plan.admitted:
-            source = worker.candidate_requests if request_id in worker.candidate_requests else worker.candidate_batch
+            source = (
+                worker.candidate_requests
+                if request_id in worker.candidate_requests
+                else worker.candidate_batch
+            )
             candidate = source.get(request_id)
             if candidate is None or candidate.ready_at > now:
                 raise SimulationError(f"plan admitted {request_id!r}, which is not a ready candidate")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from alignedserve.batching.types import IterationState, blocks_for
+from alignedserve.batching.types import IterationState, ScheduledRequest
 from alignedserve.sim.cost import SpanCost
 from alignedserve.sim.records import SimRequest
 
@@ -108,8 +108,12 @@ class DecodeWorker:
     # --- scheduler input ------------------------------------------------------------------------------
 
     def state(self, finished: frozenset[str], now: float) -> IterationState:
+        size = self.block_size
         return IterationState(
-            running=tuple(r.scheduled() for r in self.running.values()),
+            running=tuple(
+                ScheduledRequest(r.request_id, r.prefix, -(-r.prefix // size), r.batch_id)
+                for r in self.running.values()
+            ),
             finished=finished,
             free_blocks=self.free_blocks,
             candidate_requests=tuple(
@@ -158,28 +162,30 @@ class DecodeWorker:
         end = span.start + span.offset(iterations)
         first_end = span.start + span.offset(1)
         size = self.block_size
+        running = self.running.values()
+        prefixes = [r.prefix for r in running]
         finished = []
         used = 0
-        low, high = 1 << 62, 0  # prefix spread of the batch while it ran this span
-        for r in self.running.values():
-            low = min(low, r.prefix)
-            high = max(high, r.prefix + iterations)
-            r.prefix += iterations
+        for r in running:
+            prefix = r.prefix = r.prefix + iterations
             r.remaining -= iterations
             if r.decode_tokens == 0:
                 r.first_decode_at = first_end
             r.decode_tokens += iterations
             r.last_token_at = end
-            used += blocks_for(r.prefix, size)
+            used += -(-prefix // size)  # blocks_for, inlined: this loop is the simulator's hot path
             if r.remaining == 0:
                 finished.append(r)
         self.used_blocks = used
         self.iterations += iterations
-        tokens = iterations * len(self.running)
+        tokens = iterations * len(prefixes)
         self.decode_tokens += tokens
         if end <= self.window_end:
             self.window_tokens += tokens
+        elif span.start < self.window_end:  # the load stopped inside this span: count what came before
+            done = span.cost.iterations_within(self.window_end - span.start - span.stall_s)
+            self.window_tokens += min(done, iterations) * len(prefixes)
         if len(self.batch_counts) > 1:
             self.mixed_iterations += iterations
-        self.spread_iterations += (high - low) * iterations
+        self.spread_iterations += (max(prefixes) - min(prefixes)) * iterations
         return finished

@@ -106,7 +106,9 @@ class Metrics:
             "mixed_iteration_fraction": sum(d.mixed_iterations for d in decoders) / iterations
             if iterations
             else 0.0,
-            "mean_prefix_spread": sum(d.spread_iterations for d in decoders) / iterations if iterations else 0.0,
+            "mean_prefix_spread": sum(d.spread_iterations for d in decoders) / iterations
+            if iterations
+            else 0.0,
             "evictions": sum(d.evictions for d in decoders),
             "sched_calls": len(self.sched_s),
             "sched_p50_ms": _ms(self.sched_s, 50),

@@ -158,18 +158,16 @@ class TransferClient:
         transfer_id = connection.new_transfer()
         try:
             async with _AbortOnCancel(connection):
-                await connection.send_frame(PullRequest(transfer_id, key))
+                connection.post_frame(PullRequest(transfer_id, key))
                 offer = _expect(await connection.next_frame(transfer_id), PayloadOffer, key)
                 try:
                     view = destination.view(offer)
-                except DestinationError as error:
+                except DestinationError as error:  # the chunks are already coming: take them, then refuse
+                    await connection.drain_payload(transfer_id, offer.nbytes, offer.chunk_bytes)
                     await connection.send_frame(Refused(transfer_id, REFUSAL_DESTINATION, str(error)))
                     raise
-                await connection.send_frame(Ready(transfer_id))
                 checksum = await connection.receive_payload(transfer_id, view, offer.chunk_bytes)
-                await connection.send_frame(
-                    Done(transfer_id, ok=checksum == offer.checksum, checksum=checksum)
-                )
+                connection.post_frame(Done(transfer_id, ok=checksum == offer.checksum, checksum=checksum))
             if checksum != offer.checksum:
                 raise ChecksumMismatch(key, offer.checksum, checksum)
         finally:

@@ -14,6 +14,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from alignedserve.transfer.buffers import ByteView
 from alignedserve.transfer.checksum import StreamingChecksum
 from alignedserve.transfer.errors import PeerUnavailable, ProtocolError, TransferError
@@ -42,6 +44,7 @@ class Connection:
         self._mailboxes: dict[int, asyncio.Queue[Frame | TransferError]] = {}
         self._transfer_ids = itertools.count(1)
         self._failure: TransferError | None = None
+        self._posted: set[asyncio.Future[None]] = set()
         self._receiver = asyncio.get_running_loop().create_task(self._receive_frames())
 
     @property
@@ -72,6 +75,18 @@ class Connection:
             await self._endpoint.am_send(encode_frame(frame))
         except Exception as error:
             raise self._fail(error) from error
+
+    def post_frame(self, frame: Frame) -> None:
+        """Send without waiting for local completion: off the transfer's critical path. A failure fails
+        the connection, which wakes every mailbox, so it is never lost."""
+        task = asyncio.ensure_future(self.send_frame(frame))
+        self._posted.add(task)
+        task.add_done_callback(self._posted_done)
+
+    def _posted_done(self, task: asyncio.Future[None]) -> None:
+        self._posted.discard(task)
+        if not task.cancelled():
+            task.exception()  # already recorded as the connection's failure
 
     async def send_payload(self, transfer_id: int, payload: ByteView, chunk_bytes: int) -> None:
         """All chunks posted at once; UCX streams them (rendezvous: zero-copy from `payload`)."""
@@ -111,6 +126,16 @@ class Connection:
                 receive.cancel()
             raise self._fail(error) from error
         return checksum.digest()
+
+    async def drain_payload(self, transfer_id: int, nbytes: int, chunk_bytes: int) -> None:
+        """Receive and discard a payload that has no destination, one chunk of scratch memory at a time."""
+        self._raise_if_failed()
+        scratch = np.empty(min(nbytes, chunk_bytes), np.uint8)
+        try:
+            for tag, start in _chunks(transfer_id, nbytes, chunk_bytes):
+                await self._endpoint.recv(scratch[: min(chunk_bytes, nbytes - start)], tag=tag)
+        except Exception as error:
+            raise self._fail(error) from error
 
     def abort(self, reason: str = "aborted") -> None:
         """Close now: pending UCX requests are cancelled, so nothing lands in a destination later."""

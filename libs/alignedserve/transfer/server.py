@@ -131,13 +131,12 @@ class TransferServer:
             self.registry.unpin(entry, pulled=pulled)
 
     async def _send_entry(self, connection: Connection, transfer_id: int, entry: KVEntry) -> bool:
+        """Offer, then the chunks right behind it without waiting for a ready: a pull costs one round
+        trip like a bare send. A receiver that cannot take it drains the chunks and refuses."""
         offer = PayloadOffer(
             transfer_id, entry.key, entry.header, entry.payload.nbytes, entry.checksum, self._chunk_bytes
         )
         await connection.send_frame(offer)
-        reply = await connection.next_frame(transfer_id)
-        if not isinstance(reply, Ready):  # the receiver refused (e.g. no destination): nothing to send
-            return False
         if self._faults.take("stall_sends"):
             await asyncio.Event().wait()
         payload = corrupted_copy(entry.payload) if self._faults.take("corrupt_sends") else entry.payload

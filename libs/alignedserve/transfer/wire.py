@@ -1,12 +1,14 @@
 """Frames of the transfer protocol: small msgpack messages sent as UCX active messages.
 
-Every transfer, either way, is offer -> ready (or refused) -> payload chunks -> done:
+A pull is request -> offer + payload chunks -> done; a push is offer -> ready (or refused) -> chunks -> done:
 
     PULL  receiver -> holder : PullRequest(id, key)
           holder -> receiver : PayloadOffer(id, key, header, nbytes, checksum, chunk_bytes) | Refused
-          receiver -> holder : Ready(id)                  (destination allocated, receives posted)
-          holder -> receiver : chunks, UCX tag messages tagged (id, chunk index), straight into the destination
+          holder -> receiver : chunks right behind the offer: UCX tag messages tagged (id, chunk index),
+                               matched by the receives the receiver posts into its destination (rendezvous:
+                               they wait, uncopied, until posted); one round trip, like a bare send
           receiver -> holder : Done(id, ok, checksum)     (checksum verified; ok releases the entry)
+                               or Refused (no destination: the chunks were drained into scratch memory)
     PUSH  sender -> receiver : PayloadOffer(...)
           receiver -> sender : Ready(id) | Refused        (its sink allocated the destination)
           sender -> receiver : chunks

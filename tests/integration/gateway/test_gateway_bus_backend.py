@@ -113,7 +113,10 @@ async def stack(
     await backend.close()
     for subscription in subscriptions:
         await subscription.stop()
-    await workers_bus.delete_topics(topics.tokens(gateway_id))
+    doomed = [topics.tokens(gateway_id)]
+    if url != bus_url:  # our private Redis database: drop the shared streams and their per-test groups too
+        doomed += [topics.PREFILL, topics.EVENTS, topics.BATCHER]
+    await workers_bus.delete_topics(*doomed)
     await workers_bus.close()
 
 

@@ -11,7 +11,7 @@ from alignedserve.engine.sampling import SamplingParams
 from alignedserve_services.common.drain import Drain
 from alignedserve_services.gateway.app import create_app
 from alignedserve_services.gateway.engine_backend import EngineBackend
-from conftest import build_tiny_engine, gateway_settings
+from gateway_helpers import build_tiny_engine, gateway_settings
 from transformers import PreTrainedTokenizerFast
 
 CHAT = "/v1/chat/completions"

@@ -16,7 +16,7 @@ from alignedserve.engine.engine import LLMEngine
 from alignedserve_services.common.http import HttpServer
 from alignedserve_services.gateway.app import create_app
 from alignedserve_services.gateway.engine_backend import EngineBackend
-from conftest import build_tiny_engine, gateway_settings
+from gateway_helpers import build_tiny_engine, gateway_settings
 from transformers import PreTrainedTokenizerFast
 
 COMPLETIONS = "/v1/completions"

@@ -1,4 +1,6 @@
-"""The pool's keyed host-memory KV store with a byte budget (pure: no I/O, no torch).
+"""A keyed host-memory KV store with a byte budget, and the UCX push sink that fills it.
+
+Used by the kvpool (the pool itself) and by prefill workers (their candidate buffers).
 
 Every entry is one request's KV: header bytes (small) and a payload buffer. A push first `reserve`s its
 payload size: beyond the budget the store refuses (`PoolFull`) and the sender backs off — backpressure,
@@ -8,7 +10,11 @@ checked); `release` frees it (pulled by a decode or staging worker, cancelled, o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from alignedserve.transfer import KVRegistry, PushRejected
+from alignedserve.transfer.buffers import Buffer
 
 
 class PoolFull(Exception):
@@ -73,6 +79,37 @@ class KvStore:
         self.used_bytes -= len(entry.payload)
         return True
 
+    def release_key(self, key: str) -> None:
+        self.release(key)
+
     @property
     def usage(self) -> float:
         return self.used_bytes / self.budget_bytes
+
+
+class StoreSink:
+    """Pushed KV lands in `store`; once its checksum is verified it is served from `served` and
+    released from the store after one verified pull (or a drop)."""
+
+    def __init__(
+        self, store: KvStore, served: KVRegistry, on_commit: Callable[[], None] | None = None
+    ) -> None:
+        self.store = store
+        self.served = served
+        self.on_commit = on_commit
+
+    def allocate(self, key: str, header: bytes, nbytes: int) -> Buffer:
+        self.served.drop(key)  # a re-push (a retry) replaces what was there
+        try:
+            return self.store.reserve(key, header, nbytes)
+        except PoolFull as exc:
+            raise PushRejected(str(exc)) from exc
+
+    def commit(self, key: str, header: bytes, buffer: Buffer) -> None:
+        self.store.commit(key)
+        self.served.publish(key, header, buffer, release_after_pull=True, on_release=self.store.release_key)
+        if self.on_commit is not None:
+            self.on_commit()
+
+    def discard(self, key: str, buffer: Buffer) -> None:
+        self.store.release(key)

@@ -1,0 +1,67 @@
+"""`alignedserve prefill`: prompt forward passes, first tokens, KV to the pool, batch staging."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from alignedserve.bus import topics
+from alignedserve.bus.messages import ServiceKind
+from alignedserve.engine.engine import LLMEngine
+from alignedserve.engine.loader import ModelLoadError
+from alignedserve.transfer import KVRegistry, TransferEndpoint
+from alignedserve_services.common.config import ConfigError
+from alignedserve_services.common.kv_store import KvStore, StoreSink
+from alignedserve_services.common.logs import configure_logging, get_logger
+from alignedserve_services.common.worker import WorkerRuntime
+from alignedserve_services.prefill.config import PrefillSettings
+from alignedserve_services.prefill.metrics import PrefillMetrics
+from alignedserve_services.prefill.worker import PrefillWorker
+from prometheus_client import CollectorRegistry
+
+log = get_logger("alignedserve.prefill")
+
+
+async def serve(settings: PrefillSettings) -> int:
+    registry = CollectorRegistry()
+    runtime = WorkerRuntime(ServiceKind.PREFILL, settings, registry)
+    await runtime.start()  # /health answers while the model loads
+    served = KVRegistry()
+    sink = StoreSink(KvStore(int(settings.staging_bytes)), served)
+    endpoint = TransferEndpoint(served, sink)
+    try:
+        engine = await asyncio.to_thread(LLMEngine, settings.engine_config())
+        address = await endpoint.start(settings.advertise_host, settings.transfer_port)
+        runtime.ucx_address = address.to_bytes()
+        worker = PrefillWorker(settings, runtime, engine, endpoint, sink, PrefillMetrics(registry))
+        await runtime.subscribe_events(worker.on_event)
+        await runtime.subscribe(
+            topics.staging(settings.worker_id), f"stage-{settings.worker_id}", worker.on_stage
+        )
+        await runtime.subscribe(topics.PREFILL, topics.PREFILL_GROUP, worker.on_prompt)
+        runtime.spawn(worker.prefill_loop(), "prefill-loop")
+        runtime.set_ready()
+        log.info(
+            "prefill_ready", model=engine.model_id, ucx=address.to_wire(), blocks=engine.allocator.num_blocks
+        )
+        await runtime.run_until_drained()
+    finally:
+        await endpoint.close()
+        await runtime.close()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    try:
+        settings = PrefillSettings.from_argv(argv, prog="alignedserve prefill", description=__doc__)
+    except ConfigError as exc:
+        print(f"alignedserve prefill: {exc}", file=sys.stderr)
+        return 2
+    configure_logging("prefill", settings.log_level, settings.log_format)
+    try:
+        return asyncio.run(serve(settings))
+    except ModelLoadError as exc:
+        print(f"alignedserve prefill: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,114 @@
+"""Start and stop the whole stack (`alignedserve up`) as real processes for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+READY_LINE = re.compile(r"AlignedServe ready: (http://\S+)/v1")
+
+
+def free_port_block(size: int) -> int:
+    """A base port whose next `size` ports are free now."""
+    for base in range(21000 + (os.getpid() % 200) * 100, 60000, 97):
+        if all(_free(base + i) for i in range(size)):
+            return base
+    raise RuntimeError("no free port block")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class Stack:
+    url: str  # http://127.0.0.1:PORT
+    process: subprocess.Popen[str]
+    metrics_ports: dict[str, int]  # worker name -> its /metrics port
+    log_dir: Path
+
+    def metric(self, worker: str, name: str) -> float:
+        """Sum of a metric's samples on one worker (0 when absent)."""
+        text = httpx.get(f"http://127.0.0.1:{self.metrics_ports[worker]}/metrics", timeout=5).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name) and (line[len(name)] in " {"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def worker_names(prefill: int, decode: int) -> list[str]:
+    """The order in which `alignedserve up` assigns metrics ports."""
+    return ["kvpool-0", "batcher-0", *[f"prefill-{i}" for i in range(prefill)], *[f"decode-{i}" for i in range(decode)]]
+
+
+def start_stack(bus_url: str, log_dir: Path, *, prefill: int = 1, decode: int = 1, extra: list[str] = ()) -> Stack:  # type: ignore[assignment]
+    names = worker_names(prefill, decode)
+    base = free_port_block(len(names) + 1)
+    port, metrics_base = base, base + 1
+    cmd = [
+        sys.executable, "-m", "alignedserve.cli", "up", "--port", str(port), "--bus", bus_url,
+        "--prefill", str(prefill), "--decode", str(decode), "--metrics-base-port", str(metrics_base),
+        "--log-dir", str(log_dir), *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + 600
+    lines: list[str] = []
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise RuntimeError("alignedserve up exited:\n" + "".join(lines) + _logs(log_dir))
+        lines.append(line)
+        match = READY_LINE.search(line)
+        if match:
+            ports = {name: metrics_base + i for i, name in enumerate(names)}
+            return Stack(match.group(1), proc, ports, log_dir)
+    proc.kill()
+    raise TimeoutError("stack not ready:\n" + "".join(lines) + _logs(log_dir))
+
+
+def _logs(log_dir: Path) -> str:
+    return "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(log_dir.glob("*.log")))
+
+
+def wait_until(check: object, timeout: float = 30.0, interval: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return True
+        time.sleep(interval)
+    return False
+
+
+def is_ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/ready", timeout=1) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False

@@ -1,0 +1,128 @@
+"""The five services as processes, through HTTP, on each bus: what a user of the OpenAI API sees."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+
+import httpx
+import pytest
+from e2e_stack import Stack, wait_until
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2"
+QUESTION = "What is the capital of France? Answer in one short sentence."
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def offline_answer() -> str:
+    """What the engine alone answers, greedy (`alignedserve generate --chat`)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "alignedserve.cli", "generate", "--chat", "--prompt", QUESTION,
+         "--max-tokens", str(MAX_TOKENS)],
+        capture_output=True, text=True, check=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    return out.stdout.rstrip("\n")
+
+
+def chat_body(**extra: object) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        **extra,
+    }
+
+
+def test_greedy_chat_completion_matches_offline_generate(stack: Stack, offline_answer: str) -> None:
+    reply = httpx.post(f"{stack.url}/v1/chat/completions", json=chat_body(), timeout=300)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["choices"][0]["message"]["content"] == offline_answer
+    assert body["usage"]["completion_tokens"] <= MAX_TOKENS
+    assert body["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_streaming_yields_the_same_text_and_ends_with_done(stack: Stack, offline_answer: str) -> None:
+    pieces: list[str] = []
+    lines: list[str] = []
+    body = chat_body(stream=True, stream_options={"include_usage": True})
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=300) as reply:
+        assert reply.status_code == 200
+        lines = [line for line in reply.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    for chunk in chunks:
+        for choice in chunk.get("choices", []):
+            pieces.append(choice.get("delta", {}).get("content") or "")
+    assert "".join(pieces) == offline_answer
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    assert usage and usage[-1]["completion_tokens"] >= 1
+
+
+async def _complete(client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> dict[str, object]:
+    reply = await client.post(
+        f"{url}/v1/completions",
+        json={"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0},
+        timeout=900,
+    )
+    assert reply.status_code == 200, reply.text
+    return reply.json()  # type: ignore[no-any-return]
+
+
+def test_64_concurrent_requests_of_mixed_lengths_all_complete_with_their_token_counts(redis_stack: Stack) -> None:
+    rng = random.Random(7)
+    lengths = [rng.randint(1500, 1700) for _ in range(4)] + [rng.randint(8, 200) for _ in range(60)]
+    rng.shuffle(lengths)
+    prompts = [[rng.randint(200, 20000) for _ in range(n)] for n in lengths]
+    outputs = [rng.randint(4, 16) for _ in lengths]
+
+    async def run_all() -> list[dict[str, object]]:
+        async with httpx.AsyncClient() as client:
+            return list(
+                await asyncio.gather(*(_complete(client, redis_stack.url, p, o) for p, o in zip(prompts, outputs)))
+            )
+
+    results = asyncio.run(run_all())
+    for result, prompt, wanted in zip(results, prompts, outputs, strict=True):
+        usage = result["usage"]
+        assert isinstance(usage, dict)
+        assert usage["prompt_tokens"] == len(prompt)
+        assert usage["completion_tokens"] == wanted
+        assert result["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+
+
+def test_both_decode_workers_serve(redis_stack: Stack) -> None:
+    async def run_some() -> None:
+        async with httpx.AsyncClient() as client:
+            await asyncio.gather(*(_complete(client, redis_stack.url, [100 + i] * (20 + i), 24) for i in range(24)))
+
+    asyncio.run(run_some())
+    for worker in ("decode-0", "decode-1"):
+        assert redis_stack.metric(worker, "alignedserve:generation_tokens_total") > 0, worker
+
+
+def test_a_cancelled_request_frees_its_pool_and_decode_blocks(redis_stack: Stack) -> None:
+    body = {"model": MODEL, "prompt": [300] * 400, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{redis_stack.url}/v1/completions", json=body, timeout=300) as reply:
+        assert reply.status_code == 200
+        received = 0
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                received += 1
+            if received >= 5:  # it is decoding now: hang up
+                break
+
+    def all_free() -> bool:
+        pool = redis_stack.metric("kvpool-0", "alignedserve:kv_pool_used_bytes")
+        decode = sum(redis_stack.metric(w, "alignedserve:decode_kv_usage_perc") for w in ("decode-0", "decode-1"))
+        return pool == 0 and decode == 0
+
+    assert wait_until(all_free, timeout=60), "blocks still held after the client went away"

@@ -1,0 +1,65 @@
+"""Last-token logits of the paged forward match transformers to relative error <= 1e-4 (float32), for a
+multi-prompt prefill forward with a chunked prompt and for the decode step after it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from alignedserve.engine.config import EngineConfig
+from alignedserve.engine.engine import LLMEngine
+from alignedserve.engine.loader import LoadedModel
+from alignedserve.engine.runner import DecodeRow, PrefillChunk
+from engine_models import mixed_prompts, tiny_engine
+from transformers import PreTrainedModel
+
+MAX_RELATIVE_ERROR = 1e-4
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max())
+
+
+def reference_last_logits(model: PreTrainedModel, tokens: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        logits: torch.Tensor = model(torch.tensor([tokens])).logits[0, -1].float()
+    return logits
+
+
+def check_prefill_then_decode(engine: LLMEngine, model: PreTrainedModel, prompts: list[list[int]]) -> None:
+    tables = []
+    for index, prompt in enumerate(prompts):
+        engine.allocator.allocate(f"r{index}", len(prompt) + 1)
+        tables.append(engine.allocator.block_table(f"r{index}"))
+    # The longest prompt goes in two chunks: its first half in its own forward, the rest with the others.
+    longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+    half = len(prompts[longest]) // 2
+    engine.runner.prefill([PrefillChunk(prompts[longest][:half], 0, tables[longest], False)])
+    chunks = [
+        PrefillChunk(p[half:], half, tables[i], True) if i == longest else PrefillChunk(p, 0, tables[i], True)
+        for i, p in enumerate(prompts)
+    ]
+    prefill_logits = engine.runner.prefill(chunks)
+    next_tokens = prefill_logits.argmax(-1).tolist()
+    for index, prompt in enumerate(prompts):
+        want = reference_last_logits(model, prompt)
+        assert relative_error(prefill_logits[index], want) <= MAX_RELATIVE_ERROR
+    rows = [DecodeRow(next_tokens[i], len(p), tables[i]) for i, p in enumerate(prompts)]
+    decode_logits = engine.runner.decode(rows)
+    for index, prompt in enumerate(prompts):
+        want = reference_last_logits(model, [*prompt, next_tokens[index]])
+        assert relative_error(decode_logits[index], want) <= MAX_RELATIVE_ERROR
+
+
+@pytest.mark.parametrize("model_name", ["tiny_llama", "tiny_opt"])
+@pytest.mark.parametrize("attention", ["auto", "padded", "bucketed", "per_sequence"])
+def test_tiny_model_logits(model_name: str, attention: str, request: pytest.FixtureRequest) -> None:
+    model: PreTrainedModel = request.getfixturevalue(model_name)
+    prompts = mixed_prompts(8, model.config.vocab_size, long_lengths=[333, 2000], seed=3)
+    check_prefill_then_decode(tiny_engine(model, attention=attention), model, prompts)
+
+
+@pytest.mark.slow
+def test_smollm2_logits(smollm2: LoadedModel) -> None:
+    engine = LLMEngine(EngineConfig(kv_cache_bytes=64 * 2**20), loaded=smollm2)
+    prompts = mixed_prompts(5, int(smollm2.config.vocab_size), long_lengths=[150], seed=4)
+    check_prefill_then_decode(engine, smollm2.hf_model, prompts)
