@@ -214,7 +214,9 @@ def result_cells(row: RunRow, workload_title: str, target_label: str) -> list[st
 # server-side stats shown as extra columns when some row measured them: (stat, header, scale)
 SERVER_COLUMNS = (
     ("mixed_iteration_fraction", "mixed iterations %", 100.0),
-    ("mean_batch_prefix_spread", "batch prefix spread (tokens)", 1.0),
+    ("decode_busy_tokens_per_s", "decode tok/s while busy", 1.0),
+    ("mean_decode_iteration_ms", "decode iteration mean ms", 1.0),
+    ("mean_decode_prefix_spread", "running-batch prefix spread (tokens)", 1.0),
 )
 
 
@@ -290,8 +292,8 @@ def render_section(
     if not with_mixed:
         parts += [
             "",
-            "The mixed-iteration fraction is left out: the services exposed no decode iteration counters "
-            "(`*iterations_total`, mixed ones named `mixed` or `switch`) on /metrics in this run.",
+            "The mixed-iteration fraction is left out: the decode workers' /metrics gave no "
+            "`alignedserve:decode_iterations_total` / `alignedserve:decode_mixed_iterations_total` in this run.",
         ]
     if failed:
         parts += ["", *(f"Not measured: {f}" for f in failed)]

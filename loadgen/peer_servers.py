@@ -173,12 +173,20 @@ class VllmCpuPeer:
         ]
         argv += ["--host", "127.0.0.1", "--port", str(port)]
         env = {
+            # else the platform is inferred from the `vllm` distribution's version, which has no "cpu"
+            "VLLM_TARGET_DEVICE": "cpu",
             "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
         }
+        # first start compiles its kernels (minutes on a busy 2-core machine)
         return ServerProcess(
-            self.name, argv, f"http://127.0.0.1:{port}", log_dir / f"{self.name}.log", env=env
+            self.name,
+            argv,
+            f"http://127.0.0.1:{port}",
+            log_dir / f"{self.name}.log",
+            env=env,
+            ready_timeout_s=1800.0,
         )
 
     def target(self, base_url: str) -> Target:

@@ -15,8 +15,14 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-# The batcher's histogram of (max - min) prefix length over each formed batch: how aligned batches are.
-SPREAD = "alignedserve:batcher_batch_prefix_spread_tokens"
+# Names exported by the decode workers and the batcher (services/*/metrics.py).
+ITERATIONS = "alignedserve:decode_iterations_total"
+MIXED_ITERATIONS = "alignedserve:decode_mixed_iterations_total"  # running set spans 2+ batch ids
+GENERATED_TOKENS = "alignedserve:decode_generation_tokens_total"
+ITERATION_SECONDS = "alignedserve:decode_iteration_seconds"  # histogram: one decode forward
+DECODE_SPREAD = "alignedserve:decode_prefix_spread_tokens"  # histogram: max - min prefix, per iteration
+BATCH_SPREAD = "alignedserve:batcher_batch_prefix_spread_tokens"  # histogram: per formed batch
+ADMISSION_STALL = "alignedserve:decode_admission_stall_seconds"  # histogram: loop waiting to admit
 
 Samples = dict[str, float]  # "name{label=value,...}" -> value, summed over the scraped endpoints
 
@@ -59,32 +65,39 @@ def _base_name(key: str) -> str:
     return key.split("{", 1)[0]
 
 
-def _is_mixed(name: str) -> bool:
-    return "mixed" in name or "switch" in name
+def _sum_of(delta: Mapping[str, float], name: str) -> float | None:
+    """Sum over every label set of `name`; None when no endpoint exported it."""
+    values = [v for k, v in delta.items() if _base_name(k) == name]
+    return sum(values) if values else None
+
+
+def _mean_of(delta: Mapping[str, float], histogram: str) -> float | None:
+    total, count = _sum_of(delta, histogram + "_sum"), _sum_of(delta, histogram + "_count")
+    return None if total is None or not count else total / count
 
 
 def decode_stats(delta: Mapping[str, float]) -> dict[str, float]:
-    """Iteration counts and the mixed-iteration fraction over a run, when the counters exist."""
-    iterations = mixed = 0.0
-    found_iterations = found_mixed = False
-    for key, value in delta.items():
-        name = _base_name(key)
-        if not name.endswith("iterations_total"):
-            continue
-        if _is_mixed(name):
-            mixed += value
-            found_mixed = True
-        else:
-            iterations += value
-            found_iterations = True
-    stats: dict[str, float] = {}
-    if found_iterations:
-        stats["decode_iterations"] = iterations
-    if found_mixed:
-        stats["mixed_iterations"] = mixed
-    if found_iterations and found_mixed and iterations > 0:
-        stats["mixed_iteration_fraction"] = mixed / iterations
-    spread_sum, spread_count = delta.get(SPREAD + "_sum"), delta.get(SPREAD + "_count")
-    if spread_sum is not None and spread_count:
-        stats["mean_batch_prefix_spread"] = spread_sum / spread_count
-    return stats
+    """Decode-side stats of a run from the counter deltas; a stat whose metrics are absent is left out.
+
+    mixed_iteration_fraction: mixed / all decode iterations; decode_busy_tokens_per_s: tokens generated
+    per second the decode workers spent in forwards (throughput without idle time); mean spreads in tokens.
+    """
+    iterations, mixed = _sum_of(delta, ITERATIONS), _sum_of(delta, MIXED_ITERATIONS)
+    tokens, busy_s = _sum_of(delta, GENERATED_TOKENS), _sum_of(delta, ITERATION_SECONDS + "_sum")
+    candidates = {
+        "decode_iterations": iterations,
+        "mixed_iterations": mixed,
+        "mixed_iteration_fraction": None
+        if iterations is None or mixed is None or not iterations
+        else mixed / iterations,
+        "decode_busy_tokens_per_s": None if tokens is None or not busy_s else tokens / busy_s,
+        "mean_decode_iteration_ms": _ms(_mean_of(delta, ITERATION_SECONDS)),
+        "mean_decode_prefix_spread": _mean_of(delta, DECODE_SPREAD),
+        "mean_batch_prefix_spread": _mean_of(delta, BATCH_SPREAD),
+        "mean_admission_stall_ms": _ms(_mean_of(delta, ADMISSION_STALL)),
+    }
+    return {k: v for k, v in candidates.items() if v is not None}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0

@@ -42,10 +42,18 @@ class KvEnvelope:
                 raise EnvelopeError(
                     f"KV envelope version {body.get('v')!r}, this build reads {ENVELOPE_VERSION}"
                 )
-            return cls(KvHeader.from_bytes(body["kv"]), tuple(body["prompt"]), tuple(body["output"]))
+            return cls(KvHeader.from_bytes(body["kv"]), token_ids(body["prompt"]), token_ids(body["output"]))
+        except EnvelopeError:
+            raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise EnvelopeError(f"malformed KV envelope: {exc}") from exc
+            raise EnvelopeError(f"malformed KV envelope: {exc!r}") from exc
 
     def export(self, payload: bytes | bytearray | memoryview) -> KvExport:
         """The received payload as an importable KvExport (no copy for a writable buffer)."""
         return KvExport.from_buffer(self.kv, payload)
+
+
+def token_ids(values: object) -> tuple[int, ...]:
+    if not isinstance(values, list) or not all(isinstance(v, int) and v >= 0 for v in values):
+        raise EnvelopeError(f"token ids must be a list of ints >= 0, got {values!r:.80}")
+    return tuple(values)

@@ -10,7 +10,7 @@ checked); `release` frees it (pulled by a decode or staging worker, cancelled, o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 from alignedserve.transfer import KVRegistry, PushRejected
@@ -64,7 +64,14 @@ class KvStore:
         return entry.payload
 
     def commit(self, key: str) -> None:
-        self._entries[key].committed = True
+        entry = self._entries.get(key)
+        if entry is None:
+            raise UnknownEntry(f"nothing reserved under {key!r} (released while it arrived?)")
+        entry.committed = True
+
+    def entry(self, key: str) -> PoolEntry | None:
+        """The entry under `key`, committed or still arriving."""
+        return self._entries.get(key)
 
     def get(self, key: str) -> PoolEntry:
         entry = self._entries.get(key)
@@ -79,8 +86,16 @@ class KvStore:
         self.used_bytes -= len(entry.payload)
         return True
 
-    def release_key(self, key: str) -> None:
-        self.release(key)
+    def release_entry(self, key: str, entry: PoolEntry) -> None:
+        """Release `entry` only if it is still the one under `key`: a late release of a replaced entry
+        (its last pull finished after a re-push) must not free the new one."""
+        if self._entries.get(key) is entry:
+            self.release(key)
+
+    def releaser(self, key: str) -> Callable[[str], None]:
+        """A release callback bound to the entry now under `key` (for `KVRegistry.publish`)."""
+        entry = self._entries[key]
+        return lambda released_key: self.release_entry(released_key, entry)
 
     @property
     def usage(self) -> float:
@@ -92,13 +107,20 @@ class StoreSink:
     released from the store after one verified pull (or a drop)."""
 
     def __init__(
-        self, store: KvStore, served: KVRegistry, on_commit: Callable[[], None] | None = None
+        self,
+        store: KvStore,
+        served: KVRegistry,
+        on_commit: Callable[[], None] | None = None,
+        cancelled: Container[str] = frozenset(),
     ) -> None:
         self.store = store
         self.served = served
         self.on_commit = on_commit
+        self.cancelled = cancelled  # requests already ended: their KV is refused, or dropped on arrival
 
     def allocate(self, key: str, header: bytes, nbytes: int) -> Buffer:
+        if key in self.cancelled:
+            raise PushRejected(f"request {key!r} was cancelled or has finished")
         self.served.drop(key)  # a re-push (a retry) replaces what was there
         try:
             return self.store.reserve(key, header, nbytes)
@@ -106,10 +128,18 @@ class StoreSink:
             raise PushRejected(str(exc)) from exc
 
     def commit(self, key: str, header: bytes, buffer: Buffer) -> None:
+        """The payload arrived intact: serve it until one verified pull (or a drop) releases it."""
+        if key in self.cancelled:  # cancelled while its bytes were on the wire
+            self.discard(key, buffer)
+            return
         self.store.commit(key)
-        self.served.publish(key, header, buffer, release_after_pull=True, on_release=self.store.release_key)
+        self.served.drop(key)  # a retried pull or push may have published it already
+        self.served.publish(key, header, buffer, release_after_pull=True, on_release=self.store.releaser(key))
         if self.on_commit is not None:
             self.on_commit()
 
     def discard(self, key: str, buffer: Buffer) -> None:
-        self.store.release(key)
+        """The push failed: free its reservation (unless a newer push replaced it meanwhile)."""
+        entry = self.store.entry(key)
+        if entry is not None and entry.payload is buffer:
+            self.store.release(key)

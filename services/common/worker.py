@@ -104,9 +104,11 @@ class WorkerRuntime:
     async def run_until_drained(self) -> None:
         await self.drain.wait_begun()
         self._ready = False
-        await self._beat(WorkerState.DRAINING)
-        for sub in self._subscriptions:
-            await sub.stop()
+        try:
+            await self._beat(WorkerState.DRAINING)
+        except Exception as exc:  # a broker that is down must not keep in-flight work from finishing
+            log.warning("heartbeat_failed", error=repr(exc))
+        await asyncio.gather(*(sub.stop() for sub in self._subscriptions))
         await self.drain.wait_idle()
 
     async def close(self) -> None:

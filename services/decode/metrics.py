@@ -35,7 +35,14 @@ class DecodeMetrics:
         )
         self.scheduling_seconds = Histogram(
             "alignedserve:decode_scheduling_seconds",
-            "per-iteration scheduling and bus work: outputs to messages, plan_iteration, publishing",
+            "per-iteration scheduling and bus work on the decode loop's critical path: outputs to messages,"
+            " plan_iteration, status, handing the messages to the ordered publisher",
+            buckets=_FAST,
+            registry=registry,
+        )
+        self.publish_seconds = Histogram(
+            "alignedserve:decode_bus_publish_seconds",
+            "broker round trips of one iteration's messages (overlapping the next forward)",
             buckets=_FAST,
             registry=registry,
         )

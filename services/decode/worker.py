@@ -41,13 +41,15 @@ from alignedserve_services.common.drain import Drain
 from alignedserve_services.common.kv_envelope import EnvelopeError, KvEnvelope
 from alignedserve_services.common.logs import get_logger
 from alignedserve_services.decode.config import DecodeSettings
-from alignedserve_services.decode.core import Candidate, DecodeCore, Publish
+from alignedserve_services.decode.core import Candidate, DecodeCore, Publish, RunningProfile
 from alignedserve_services.decode.kv_io import HostPrefetcher, KvMover, StagedKv
 from alignedserve_services.decode.metrics import DecodeMetrics
+from alignedserve_services.decode.publisher import OrderedPublisher
 
 log = get_logger("alignedserve.decode")
 
 DRAIN_DECODE_SHARE = 0.7  # of drain_timeout_s spent finishing running requests; the rest hands them back
+PUBLISH_FLUSH_S = 5.0  # at exit, how long queued messages may take to reach the broker
 IMPORT_ERRORS = (RequestError, KvFormatError, EnvelopeError, ValueError)
 
 
@@ -90,6 +92,7 @@ class DecodeWorker:
             engine.layout.bytes_per_block // block_size,
             self._count_pulled,
         )
+        self.publisher = OrderedPublisher(bus, metrics.publish_seconds.observe)
         self.pools: dict[str, KvLocation] = {}  # kvpool worker id -> where its endpoint is
         self.iteration = 0
         self._wake = asyncio.Event()
@@ -105,7 +108,7 @@ class DecodeWorker:
             log.info("plan_received", batch_id=message.batch_id, buffer=message.buffer.value,
                      size=len(message.requests), staging=message.staging_worker_id)  # fmt: skip
         elif isinstance(message, PrefetchDone):
-            await self._publish(self.core.on_prefetch_done(message))
+            self._publish(self.core.on_prefetch_done(message))
         self._wake.set()
 
     async def on_event(self, message: Message) -> None:
@@ -128,12 +131,15 @@ class DecodeWorker:
     async def run(self) -> None:
         """Iterate until drain begins, then finish or hand back the work (counted as in-flight work)."""
         self.drain.enter()
+        publishing = asyncio.create_task(self.publisher.run(), name="decode-publisher")
         try:
             while not self.drain.draining:
                 await self.tick()
             await self.drain_out()
         finally:
             await self.prefetcher.close()
+            await self.publisher.flush(PUBLISH_FLUSH_S)
+            publishing.cancel()
             self.drain.leave()
 
     async def tick(self) -> None:
@@ -151,7 +157,7 @@ class DecodeWorker:
         due = time.monotonic() - self._last_status >= self.settings.status_interval_s
         if ran or changed or due:
             started = time.perf_counter()
-            await self._publish_status()
+            self._publish_status()  # queued: the broker round trip overlaps the next forward
             scheduling_s += time.perf_counter() - started
         if ran:
             self.metrics.scheduling_seconds.observe(scheduling_s)
@@ -174,8 +180,8 @@ class DecodeWorker:
             await self._evict_one(info.request_id, back_to_pool=True)
         for rid in self.core.running_ids:  # left the engine otherwise (e.g. preempted, waiting there)
             self.engine.free(rid)
-            await self._publish(self.core.fail(rid, "decode worker stopped before the request finished"))
-        await self._publish_status()
+            self._publish(self.core.fail(rid, "decode worker stopped before the request finished"))
+        self._publish_status()
 
     # --- steps ----------------------------------------------------------------------------------------
 
@@ -185,28 +191,29 @@ class DecodeWorker:
             self.engine.abort(rid)
         if not self.engine.has_unfinished():
             return False, 0.0
+        profile = self.core.profile(self.engine.running_requests())  # the set this step decodes
         started = time.perf_counter()
         outputs = await asyncio.to_thread(self.engine.step)
         stepped = time.perf_counter()
         self.iteration += 1
-        self._observe_iteration(outputs, stepped - started)
-        await self._publish(self.core.on_outputs(outputs, self.iteration))
+        self._observe_iteration(outputs, stepped - started, profile)
+        self._publish(self.core.on_outputs(outputs, self.iteration))
         for rid in self.core.take_aborts():  # cancelled while the step ran
             self.engine.abort(rid)
         return True, time.perf_counter() - stepped
 
-    def _observe_iteration(self, outputs: Sequence[RequestOutput], step_s: float) -> None:
-        profile = self.core.profile(self.engine.running_requests()) if outputs else None
+    def _observe_iteration(
+        self, outputs: Sequence[RequestOutput], step_s: float, profile: RunningProfile
+    ) -> None:
         self.metrics.iteration_seconds.observe(step_s)
         self.metrics.iterations.inc()
         self.metrics.generation_tokens.inc(sum(len(o.new_token_ids) for o in outputs))
         for output in outputs:
             if output.finished:
                 self.metrics.finished.labels(output.finish_reason or "stop").inc()
-        if profile is not None:
-            self.metrics.prefix_spread.observe(profile.spread)
-            if profile.batches > 1:
-                self.metrics.mixed_iterations.inc()
+        self.metrics.prefix_spread.observe(profile.spread)
+        if profile.batches > 1:
+            self.metrics.mixed_iterations.inc()
 
     async def _evict(self, request_ids: Sequence[str]) -> None:
         for rid in request_ids:
@@ -223,12 +230,12 @@ class DecodeWorker:
         if location is None:
             if back_to_pool:
                 self.engine.free(rid)
-                await self._publish(self.core.fail(rid, "decode worker drained and no kvpool took the KV"))
+                self._publish(self.core.fail(rid, "decode worker drained and no kvpool took the KV"))
             return
         self.engine.free(rid)
         to = None if back_to_pool else CandidateBuffer.REQUESTS
         self.metrics.evicted.labels("pool" if to is None else location.kind.value).inc()
-        await self._publish(self.core.evicted(rid, kv.header.num_tokens, output, location, to))
+        self._publish(self.core.evicted(rid, kv.header.num_tokens, output, location, to))
 
     async def _push(
         self, rid: str, envelope: KvEnvelope, kv: KvExport, target: KvLocation | None
@@ -259,7 +266,7 @@ class DecodeWorker:
             if not isinstance(result, TransferError | EnvelopeError):
                 raise result
             log.warning("kv_pull_failed", request_id=rid, error=str(result))
-            await self._publish(self.core.fail(rid, f"KV pull failed: {result}"))
+            self._publish(self.core.fail(rid, f"KV pull failed: {result}"))
             return
         envelope = result.envelope
         try:
@@ -272,11 +279,11 @@ class DecodeWorker:
             )
         except OutOfBlocks:
             log.warning("admission_without_room", request_id=rid)  # its KV is lost: re-prefill later
-            await self._publish(self.core.fail(rid, "no KV room at admission"))
+            self._publish(self.core.fail(rid, "no KV room at admission"))
             return
         except IMPORT_ERRORS as exc:
             log.warning("kv_import_failed", request_id=rid, error=str(exc))
-            await self._publish(self.core.fail(rid, f"KV import failed: {exc}"))
+            self._publish(self.core.fail(rid, f"KV import failed: {exc}"))
             return
         self.core.admitted(rid)
         self.metrics.admitted.labels(source or "requests").inc()
@@ -289,25 +296,24 @@ class DecodeWorker:
             try:
                 staged = await self.prefetcher.take(candidate)
             except (TransferError, EnvelopeError) as exc:
-                await self._publish(self.core.fail(candidate.request_id, f"KV pull failed: {exc}"))
+                self._publish(self.core.fail(candidate.request_id, f"KV pull failed: {exc}"))
                 return
             pushed = await self._push(candidate.request_id, staged.envelope, staged.export(), None)
             if pushed is None:
-                await self._publish(self.core.fail(candidate.request_id, "no kvpool took the KV at drain"))
+                self._publish(self.core.fail(candidate.request_id, "no kvpool took the KV at drain"))
                 return
             location = pushed
-        await self._publish(self.core.returned(candidate.request_id, location))
+        self._publish(self.core.returned(candidate.request_id, location))
 
     # --- bus and bookkeeping --------------------------------------------------------------------------
 
-    async def _publish(self, messages: Sequence[Publish]) -> None:
-        for topic, message in messages:
-            await self.bus.publish(topic, message)
+    def _publish(self, messages: Sequence[Publish]) -> None:
+        self.publisher.submit(messages)
 
-    async def _publish_status(self) -> None:
+    def _publish_status(self) -> None:
         running = self.engine.running_requests()
         status = self.core.status(self.engine.num_free_blocks(), self.engine.allocator.num_blocks, running)
-        await self.bus.publish(topics.BATCHER, status)
+        self.publisher.submit([(topics.BATCHER, status)])
         self._last_status = time.monotonic()
 
     async def _idle_wait(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from alignedserve.bus import SeenIds
 from alignedserve.bus.messages import Cancel, Message, RequestFinished, ServiceKind
 from alignedserve.transfer import KVRegistry, TransferEndpoint
 from alignedserve_services.common.config import ConfigError
@@ -20,6 +21,7 @@ from alignedserve_services.kvpool.config import KvPoolSettings
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 log = get_logger("alignedserve.kvpool")
+ENDED_IDS = 100_000
 
 
 def pool_metrics(registry: CollectorRegistry, store: KvStore) -> Counter:
@@ -42,7 +44,8 @@ async def serve(settings: KvPoolSettings) -> int:
     stored = pool_metrics(registry, store)
     runtime = WorkerRuntime(ServiceKind.KVPOOL, settings, registry)
     served = KVRegistry()
-    endpoint = TransferEndpoint(served, StoreSink(store, served, on_commit=stored.inc))
+    ended = SeenIds(ENDED_IDS)  # requests cancelled or finished: a late push of theirs is not kept
+    endpoint = TransferEndpoint(served, StoreSink(store, served, on_commit=stored.inc, cancelled=ended))
     await runtime.start()
     try:
         address = await endpoint.start(settings.advertise_host, settings.transfer_port)
@@ -50,6 +53,7 @@ async def serve(settings: KvPoolSettings) -> int:
 
         async def on_event(message: Message) -> None:
             if isinstance(message, Cancel | RequestFinished):
+                ended.add(message.request_id)
                 endpoint.registry.drop(message.request_id)
 
         await runtime.subscribe_events(on_event)

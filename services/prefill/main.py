@@ -27,13 +27,14 @@ async def serve(settings: PrefillSettings) -> int:
     runtime = WorkerRuntime(ServiceKind.PREFILL, settings, registry)
     await runtime.start()  # /health answers while the model loads
     served = KVRegistry()
-    sink = StoreSink(KvStore(int(settings.staging_bytes)), served)
+    staging = KvStore(int(settings.staging_bytes))
+    sink = StoreSink(staging, served)
     endpoint = TransferEndpoint(served, sink)
     try:
         engine = await asyncio.to_thread(LLMEngine, settings.engine_config())
         address = await endpoint.start(settings.advertise_host, settings.transfer_port)
         runtime.ucx_address = address.to_bytes()
-        worker = PrefillWorker(settings, runtime, engine, endpoint, sink, PrefillMetrics(registry))
+        worker = PrefillWorker(settings, runtime, engine, endpoint, sink, PrefillMetrics(registry, staging))
         await runtime.subscribe_events(worker.on_event)
         await runtime.subscribe(
             topics.staging(settings.worker_id), f"stage-{settings.worker_id}", worker.on_stage

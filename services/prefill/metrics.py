@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from alignedserve_services.common.kv_store import KvStore
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class PrefillMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, staging: KvStore) -> None:
         self.queued = Gauge("alignedserve:prefill_queued_requests", "prompts waiting here", registry=registry)
         self.prompt_tokens = Counter(
             "alignedserve:prompt_tokens_total", "prompt tokens prefilled", registry=registry
@@ -27,3 +28,9 @@ class PrefillMetrics:
             "requests staged in the candidate buffers",
             registry=registry,
         )
+        staged_bytes = Gauge(
+            "alignedserve:prefill_staged_bytes",
+            "bytes of KV held in the candidate buffers",
+            registry=registry,
+        )
+        staged_bytes.set_function(lambda: staging.used_bytes)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -33,14 +34,24 @@ from alignedserve.bus.messages import (
     ServiceKind,
     TokenBatch,
     TokenEntry,
+    TopLogprobs,
     WorkerHeartbeat,
+    WorkerState,
+    new_message_id,
 )
 from alignedserve.engine.engine import LLMEngine
-from alignedserve.engine.request import RequestError, RequestOutput
+from alignedserve.engine.request import RequestError, RequestOutput, TokenLogprob
 from alignedserve.kvcache.export import KvExport
-from alignedserve.transfer import PeerAddress, PushRejected, TransferEndpoint, TransferError
+from alignedserve.transfer import (
+    DestinationError,
+    DestinationFactory,
+    PeerAddress,
+    PushRejected,
+    TransferEndpoint,
+    TransferError,
+)
 from alignedserve_services.common.kv_envelope import KvEnvelope
-from alignedserve_services.common.kv_store import StoreSink
+from alignedserve_services.common.kv_store import PoolFull, StoreSink
 from alignedserve_services.common.logs import get_logger
 from alignedserve_services.common.sampling import to_params
 from alignedserve_services.common.worker import WorkerRuntime
@@ -56,6 +67,7 @@ POOL_RETRY_MAX_S = 2.0
 class Prefilled:
     request: PrefillRequest
     output: RequestOutput
+    export: KvExport | None  # None: the request ended at its first token
 
 
 def take_batch(queue: deque[PrefillRequest], max_tokens: int, max_seqs: int) -> list[PrefillRequest]:
@@ -72,22 +84,30 @@ def first_tokens(worker_id: str, iteration: int, done: list[Prefilled]) -> dict[
     """One TokenBatch per gateway with every first token of this prefill (output position 0)."""
     entries: dict[str, list[TokenEntry]] = defaultdict(list)
     for item in done:
-        out = item.output
-        reason = FinishReason(out.finish_reason) if out.finish_reason else None
-        logprobs = None if out.logprobs is None else tuple(lp.logprob for lp in out.logprobs)
-        entries[item.request.gateway_id].append(
-            TokenEntry(
-                request_id=out.request_id,
-                first_index=0,
-                token_ids=tuple(out.output_token_ids),
-                finish_reason=reason,
-                logprobs=logprobs,
-            )
-        )
+        entries[item.request.gateway_id].append(first_entry(item.output))
     return {
         gw: TokenBatch(worker_id=worker_id, iteration=iteration, entries=tuple(e))
         for gw, e in entries.items()
     }
+
+
+def first_entry(out: RequestOutput) -> TokenEntry:
+    logprobs = out.logprobs
+    return TokenEntry(
+        request_id=out.request_id,
+        first_index=0,
+        token_ids=tuple(out.output_token_ids),
+        finish_reason=FinishReason(out.finish_reason) if out.finished and out.finish_reason else None,
+        logprobs=None if logprobs is None else tuple(lp.logprob for lp in logprobs),
+        top_logprobs=None if logprobs is None else tuple(top_alternatives(lp) for lp in logprobs),
+    )
+
+
+def top_alternatives(logprob: TokenLogprob) -> TopLogprobs:
+    return TopLogprobs(
+        token_ids=tuple(token for token, _ in logprob.top),
+        logprobs=tuple(value for _, value in logprob.top),
+    )
 
 
 class PrefillWorker:
@@ -108,19 +128,29 @@ class PrefillWorker:
         self.metrics = metrics
         self.queue: deque[PrefillRequest] = deque()
         self.cancelled = SeenIds(100_000)
+        self.taken = SeenIds(100_000)  # request ids queued here before
+        staging_sink.cancelled = self.cancelled  # a push of an ended request is not kept
         self.pool: PeerAddress | None = None
         self.pool_id = ""
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
         self._iteration = 0
+        self._holding_drain = False  # the queue counts as in-flight work while it is not empty
 
     # --- prompts ---------------------------------------------------------------------------------------
 
     async def on_prompt(self, message: Message, _delivery: Delivery) -> None:
         if not isinstance(message, PrefillRequest) or message.request_id in self.cancelled:
             return
+        if message.request_id in self.taken:  # re-published or redelivered: prefilled once only
+            return
         await self._room.wait()  # a full queue stops consumption: other prefill workers take the prompts
+        if self.runtime.drain.draining:  # acknowledged here, so hand it to another worker
+            await self.runtime.bus.publish(topics.PREFILL, handed_back(message))
+            return
+        self.taken.add(message.request_id)
+        self._hold_drain()
         self.queue.append(message)
         self.metrics.queued.set(len(self.queue))
         if len(self.queue) >= self.settings.max_queue:
@@ -132,84 +162,133 @@ class PrefillWorker:
             while not self.queue:
                 self._wake.clear()
                 await self._wake.wait()
-            batch = take_batch(self.queue, self.settings.max_prefill_tokens, self.settings.max_num_seqs)
-            self.metrics.queued.set(len(self.queue))
-            self._room.set()
-            with self.runtime.drain.track():
+            while self.queue:
+                if self.runtime.drain.draining:
+                    await self._hand_back_queue()
+                    break
+                batch = take_batch(self.queue, self.settings.max_prefill_tokens, self.settings.max_num_seqs)
+                self.metrics.queued.set(len(self.queue))
+                self._room.set()
                 await self._prefill(batch)
+            self._release_drain()
+
+    async def _hand_back_queue(self) -> None:
+        """Draining: prompts not started yet go back on the bus for the other prefill workers."""
+        while self.queue:
+            request = self.queue.popleft()
+            self.taken.discard(request.request_id)
+            await self.runtime.bus.publish(topics.PREFILL, handed_back(request))
+        self.metrics.queued.set(0)
+        log.info("prefill_queue_handed_back")
+
+    def _hold_drain(self) -> None:
+        """Queued prompts are acknowledged on the bus already: a drain waits until they are prefilled."""
+        if not self._holding_drain:
+            self._holding_drain = True
+            self.runtime.drain.enter()
+
+    def _release_drain(self) -> None:
+        if self._holding_drain:
+            self._holding_drain = False
+            self.runtime.drain.leave()
 
     async def _prefill(self, batch: list[PrefillRequest]) -> None:
         started = time.perf_counter()
-        accepted, rejected = self._admit(batch)
-        for request, error in rejected:
-            await self._fail(request, error)
+        accepted = await self._admit(batch)
         if not accepted:
             return
-        outputs = await asyncio.to_thread(
-            self.engine.prefill,
-            [(r.request_id, list(r.prompt_token_ids), to_params(r.sampling)) for r in accepted],
-        )
+        try:
+            done = await asyncio.to_thread(self._run_engine, accepted)
+        except Exception as exc:  # an engine failure fails this batch, not the worker
+            log.exception("prefill_forward_failed", requests=[r.request_id for r in accepted])
+            for request in accepted:
+                self.engine.free(request.request_id)
+                await self._fail(request, f"prefill failed: {exc}")
+            return
         self.metrics.prefill_seconds.observe(time.perf_counter() - started)
         self.metrics.prompt_tokens.inc(sum(len(r.prompt_token_ids) for r in accepted))
         self._iteration += 1
-        done = [Prefilled(r, o) for r, o in zip(accepted, outputs, strict=True)]
         for gateway_id, tokens in first_tokens(self.runtime.worker_id, self._iteration, done).items():
             await self.runtime.bus.publish(topics.tokens(gateway_id), tokens)
         await asyncio.gather(*(self._hand_off(item) for item in done))
 
-    def _admit(
-        self, batch: list[PrefillRequest]
-    ) -> tuple[list[PrefillRequest], list[tuple[PrefillRequest, str]]]:
-        """Requests the engine refuses (too long, bad ids) fail alone; the rest prefill together."""
-        accepted, rejected = [], []
+    def _run_engine(self, accepted: list[PrefillRequest]) -> list[Prefilled]:
+        """One batched prefill, then every unfinished request's KV copied out and its blocks freed
+        (the export owns the bytes), so the next batch has the whole cache. Runs in a thread."""
+        outputs = self.engine.prefill(
+            [(r.request_id, list(r.prompt_token_ids), to_params(r.sampling)) for r in accepted]
+        )
+        done = []
+        for request, output in zip(accepted, outputs, strict=True):
+            export = None if output.finished else self.engine.export_kv(request.request_id)
+            self.engine.free(request.request_id)
+            done.append(Prefilled(request, output, export))
+        return done
+
+    async def _admit(self, batch: list[PrefillRequest]) -> list[PrefillRequest]:
+        """Requests the engine refuses (too long, bad ids) fail alone; those that do not fit the free
+        KV blocks together go back to the queue's front; the rest prefill together."""
+        accepted: list[PrefillRequest] = []
+        deferred: list[PrefillRequest] = []
+        free_blocks = self.engine.num_free_blocks()
         for request in batch:
             if request.request_id in self.cancelled:
                 continue
             try:
                 self.engine.check_request(list(request.prompt_token_ids), to_params(request.sampling))
-            except RequestError as exc:
-                rejected.append((request, str(exc)))
-            else:
-                accepted.append(request)
-        return accepted, rejected
+            except (RequestError, ValueError) as exc:
+                await self._fail(request, str(exc))
+                continue
+            need = blocks_for(len(request.prompt_token_ids) + 1, self.settings.block_size)
+            if accepted and need > free_blocks:
+                deferred.append(request)
+                continue
+            free_blocks -= need
+            accepted.append(request)
+        self.queue.extendleft(reversed(deferred))
+        return accepted
 
     async def _hand_off(self, item: Prefilled) -> None:
-        request, output = item.request, item.output
+        request, output, export = item.request, item.output, item.export
         rid = request.request_id
+        if export is None or rid in self.cancelled:
+            reason = FinishReason(output.finish_reason) if output.finish_reason else FinishReason.ABORT
+            await self._finished(request, reason, len(output.output_token_ids))
+            return
+        envelope = KvEnvelope(export.header, request.prompt_token_ids, tuple(output.output_token_ids))
         try:
-            if output.finished or rid in self.cancelled:
-                reason = FinishReason(output.finish_reason) if output.finished else FinishReason.ABORT
-                await self._finished(request, reason, len(output.output_token_ids))
-                return
-            export = await asyncio.to_thread(self.engine.export_kv, rid)
-            envelope = KvEnvelope(export.header, request.prompt_token_ids, tuple(output.output_token_ids))
             location = await self._push_to_pool(rid, envelope.to_bytes(), export)
-            ready = KvReady(
-                request_id=rid,
-                prefix_len=export.header.num_tokens,
-                blocks=blocks_for(export.header.num_tokens, self.settings.block_size),
-                location=location,
-                state=request_state(request, output.output_token_ids),
-                arrival=time.time(),
-            )
-            await self.runtime.bus.publish(topics.BATCHER, ready)
         except TransferError as exc:
             await self._fail(request, f"KV hand-off to the pool failed: {exc}")
-        finally:
-            self.engine.free(rid)
+            return
+        if location is None:  # cancelled while the pool was full
+            return
+        ready = KvReady(
+            request_id=rid,
+            prefix_len=export.header.num_tokens,
+            blocks=blocks_for(export.header.num_tokens, self.settings.block_size),
+            location=location,
+            state=request_state(request, output.output_token_ids),
+            arrival=time.time(),
+        )
+        await self.runtime.bus.publish(topics.BATCHER, ready)
 
-    async def _push_to_pool(self, rid: str, header: bytes, export: KvExport) -> KvLocation:
-        """Push until the pool takes it: a full pool is backpressure (wait, retry), never a failure."""
+    async def _push_to_pool(self, rid: str, header: bytes, export: KvExport) -> KvLocation | None:
+        """Push until the pool takes it: a full pool is backpressure (wait, retry), never a failure.
+        None when the request is cancelled meanwhile."""
         delay = self.settings.pool_retry_s
-        while True:
+        while rid not in self.cancelled:
             pool, pool_id = await self._pool_address()
             try:
                 await self.endpoint.push(pool, rid, header, export.payload, checksum=export.header.checksum)
                 return KvLocation(worker_id=pool_id, kind=ServiceKind.KVPOOL, ucx_address_key=pool.to_wire())
-            except PushRejected:
+            except PushRejected as exc:
+                if self.runtime.drain.draining:  # no time left to wait for room
+                    raise PushRejected(f"{exc} (the prefill worker is draining)") from exc
                 self.metrics.pool_full_waits.inc()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, POOL_RETRY_MAX_S)
+        return None
 
     async def _pool_address(self) -> tuple[PeerAddress, str]:
         while self.pool is None:
@@ -254,6 +333,7 @@ class PrefillWorker:
         )
         self.metrics.staged.inc(len(ready))
         await self.runtime.bus.publish(topics.decode(message.decode_worker_id), done)
+        await self.runtime.bus.publish(topics.BATCHER, done)
 
     async def _stage(self, planned: PlannedRequest) -> bool:
         """Pull one request's KV into the candidate buffer (served to decode, released after its pull)."""
@@ -262,19 +342,36 @@ class PrefillWorker:
             return False
         if planned.location.worker_id == self.runtime.worker_id:
             return rid in self.endpoint.registry  # already here (an evicted request pushed back to us)
-        store = self.staging_sink.store
         try:
             pulled = await self.endpoint.pull(
-                PeerAddress.from_wire(planned.location.ucx_address_key),
-                rid,
-                lambda header, nbytes: store.reserve(rid, header, nbytes),
+                PeerAddress.from_wire(planned.location.ucx_address_key), rid, self._staging_buffer(rid)
             )
-        except TransferError as exc:
-            store.release(rid)
+        except (TransferError, ValueError) as exc:
+            self._discard_staged(rid)
             log.warning("stage_failed", request_id=rid, error=str(exc))
+            return False
+        if rid in self.cancelled:  # cancelled while it arrived
+            self._discard_staged(rid)
             return False
         self.staging_sink.commit(rid, pulled.header, pulled.buffer)
         return True
+
+    def _staging_buffer(self, rid: str) -> DestinationFactory:
+        """Room in the candidate buffer for the pulled payload; a full buffer refuses the pull cleanly
+        (DestinationError: the client drains the offered bytes, so the holder's entry is unpinned)."""
+
+        def allocate(header: bytes, nbytes: int) -> bytearray:
+            try:
+                buffer: bytearray = self.staging_sink.store.reserve(rid, header, nbytes)
+            except PoolFull as exc:
+                raise DestinationError(f"staging buffer full: {exc}") from exc
+            return buffer
+
+        return allocate
+
+    def _discard_staged(self, rid: str) -> None:
+        if rid not in self.endpoint.registry:
+            self.staging_sink.store.release(rid)
 
     def location(self) -> KvLocation:
         return KvLocation(
@@ -293,6 +390,7 @@ class PrefillWorker:
             isinstance(message, WorkerHeartbeat)
             and message.kind is ServiceKind.KVPOOL
             and message.ucx_address
+            and message.state is not WorkerState.STOPPED
         ):
             self.pool = PeerAddress.from_wire(message.ucx_address)
             self.pool_id = message.worker_id
@@ -306,3 +404,9 @@ def request_state(request: PrefillRequest, output_token_ids: list[int]) -> Reque
         output_len=len(output_token_ids),
         recent_token_ids=tuple(output_token_ids[-RECENT_TOKENS:]),
     )
+
+
+def handed_back(request: PrefillRequest) -> PrefillRequest:
+    """The same prompt as a new bus message (a fresh message id: consumers that saw the old one
+    would drop it as a duplicate)."""
+    return dataclasses.replace(request, message_id=new_message_id(), created_at=time.time())

@@ -106,7 +106,7 @@ def test_both_decode_workers_serve(redis_stack: Stack) -> None:
 
     asyncio.run(run_some())
     for worker in ("decode-0", "decode-1"):
-        assert redis_stack.metric(worker, "alignedserve:generation_tokens_total") > 0, worker
+        assert redis_stack.metric(worker, "alignedserve:decode_generation_tokens_total") > 0, worker
 
 
 def test_a_cancelled_request_frees_its_pool_and_decode_blocks(redis_stack: Stack) -> None:

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtypes", help=f"comma list (default {FULL.dtypes})")
     parser.add_argument("--steps", type=int, help="decode iterations timed per measurement")
     parser.add_argument("--repeats", type=int, help="rounds per case; figures are medians over rounds")
+    parser.add_argument(
+        "--cb-repeats", type=int, default=None, help="rounds for continuous batching (its prefill is slow)"
+    )
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="subset of engine,hf_static,hf_cb")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--attention", default="auto", help="engine decode attention strategy")
@@ -74,6 +77,7 @@ class Settings:
     dtypes: list[str]
     steps: int
     repeats: int
+    cb_repeats: int
     systems: list[str]
     kv_budget_bytes: int
     ratio_steps: int
@@ -131,6 +135,7 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "steps": settings.steps,
         "repeats": settings.repeats,
+        "cb_repeats": settings.cb_repeats,
         "kv_budget_gib": round(settings.kv_budget_bytes / 2**30, 2),
         "cases": [],
         "roofline": [],
@@ -165,7 +170,8 @@ def _run_case(
     args: argparse.Namespace, settings: Settings, loaded: Any, prompt: list[int], batch: int, dtype: str
 ) -> Case:
     from alignedserve.engine.bench_engine import engine_decode
-    from alignedserve.engine.bench_hf import DecodeRate, hf_continuous_decode, hf_static_decode
+    from alignedserve.engine.bench_hf import hf_continuous_decode, hf_static_decode
+    from alignedserve.engine.bench_stats import DecodeRate
     from alignedserve.engine.config import EngineConfig
 
     config = EngineConfig(model=args.model, dtype=dtype, attention=args.attention)
@@ -186,8 +192,10 @@ def _run_case(
         else:
             active.append(system)
             case.samples[system] = []
-    for _ in range(settings.repeats):  # rounds: every system once per round
+    for round_ in range(settings.repeats):  # rounds: every system once per round
         for system in active:
+            if system == "hf_cb" and round_ >= settings.cb_repeats:
+                continue
             case.samples[system].append(round(runners[system]().tok_s, 3))
     for system in active:
         setattr(case, f"{system}_tok_s", round(statistics.median(case.samples[system]), 3))
@@ -287,18 +295,22 @@ def _settings(args: argparse.Namespace) -> Settings:
     if unknown := set(dtypes) - {"float32", "bfloat16"}:
         raise ValueError(f"dtypes {sorted(unknown)} are not benchmarked on CPU; use float32, bfloat16")
     steps = defaults.steps if args.steps is None else args.steps
+    repeats = defaults.repeats if args.repeats is None else args.repeats
     settings = Settings(
         batches=_ints(args.batches or defaults.batches, "batches"),
         prefixes=_ints(args.prefixes or defaults.prefixes, "prefixes"),
         dtypes=dtypes,
         steps=steps,
-        repeats=defaults.repeats if args.repeats is None else args.repeats,
+        repeats=repeats,
+        cb_repeats=repeats if args.cb_repeats is None else min(args.cb_repeats, repeats),
         systems=systems,
         kv_budget_bytes=int((args.max_kv_gib or _default_budget_gib()) * 2**30),
         ratio_steps=steps if args.ratio_steps is None else args.ratio_steps,
     )
-    if settings.steps < 2 or settings.repeats < 1 or settings.ratio_steps < 2:
-        raise ValueError("--steps and --ratio-steps must be >= 2 and --repeats >= 1")
+    if settings.steps < 2 or settings.ratio_steps < 2:
+        raise ValueError("--steps and --ratio-steps must be >= 2")
+    if settings.repeats < 1 or settings.cb_repeats < 1:
+        raise ValueError("--repeats and --cb-repeats must be >= 1")
     return settings
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from alignedserve.engine.bench_hf import DecodeRate, rate_from_gaps
+from alignedserve.engine.bench_stats import DecodeRate, rate_from_gaps
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.loader import LoadedModel

@@ -9,9 +9,7 @@ are those of a batch of distinct prompts); continuous batching prefills through 
 from __future__ import annotations
 
 import itertools
-import statistics
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,25 +17,11 @@ from transformers import DynamicCache, GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.streamers import BaseStreamer
 
+from alignedserve.engine.bench_stats import DecodeRate, full_batch_gaps, rate_from_gaps
+
 # Continuous batching's default page size (tokens per page); kept so the reference runs as shipped.
 CB_PAGE_SIZE = 256
 CB_MAX_BATCH_TOKENS = 2048  # prefill chunk per forward; decode needs >= batch
-
-
-@dataclass(frozen=True)
-class DecodeRate:
-    """tok_s: batch / median iteration time; step_s: that median; steps: iterations measured."""
-
-    tok_s: float
-    step_s: float
-    steps: int
-
-
-def rate_from_gaps(batch: int, gaps: list[float]) -> DecodeRate:
-    if not gaps:
-        raise RuntimeError("no full-batch decode iterations were observed")
-    step = statistics.median(gaps)
-    return DecodeRate(tok_s=batch / step, step_s=step, steps=len(gaps))
 
 
 class _StepClock(BaseStreamer):
@@ -119,14 +103,7 @@ def hf_continuous_decode(model: Any, prompt: list[int], batch: int, steps: int) 
     )
     if len(results) != batch or any(r.error for r in results.values()):
         raise RuntimeError(f"continuous batching finished {len(results)} of {batch} requests")
-    stamps = [list(r.timestamps) for r in results.values()]
-    start = max(s[0] for s in stamps)  # every row has its first token: pure decode from here
-    end = min(s[-1] for s in stamps)  # until the first row finishes
-    window = [t for t in stamps[0] if start <= t <= end]
-    in_window = sum(start <= t <= end for row in stamps for t in row)
-    if in_window < 0.9 * batch * len(window):
-        raise RuntimeError("continuous batching did not decode all rows in the same iterations")
-    gaps = [b - a for a, b in itertools.pairwise(window)]
+    gaps = full_batch_gaps([list(r.timestamps) for r in results.values()])
     if len(gaps) < steps // 2:
         raise RuntimeError(
             f"continuous batching decoded the full batch together for {len(gaps)} iterations only"

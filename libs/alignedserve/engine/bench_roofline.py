@@ -8,7 +8,6 @@ compared with (the engine also does attention, norms and sampling, so it stays b
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -64,25 +63,26 @@ def linear_shapes(model: nn.Module) -> LinearShapes:
     return LinearShapes(dict(counts), 4 * config.num_hidden_layers * heads * head_dim)
 
 
-def measure_roofline(shapes: LinearShapes, batch: int, dtype: torch.dtype, repeats: int = 5) -> Roofline:
-    """Median time of F.linear at each shape (fresh random data), summed with multiplicity."""
+def measure_roofline(shapes: LinearShapes, batch: int, dtype: torch.dtype, repeats: int = 9) -> Roofline:
+    """Best time of F.linear at each shape (random data), summed with multiplicity. Best, not median:
+    a roofline is what the machine can do, and on a shared machine the median measures the neighbours."""
     total_s = 0.0
     peak = 0.0
     for (out, inp), count in shapes.counts.items():
         x = torch.randn(batch, inp, dtype=dtype)
         w = torch.randn(out, inp, dtype=dtype)
-        seconds = _median_seconds(F.linear, (x, w), repeats)
+        seconds = _best_seconds(F.linear, (x, w), repeats)
         total_s += seconds * count
         peak = max(peak, 2 * batch * out * inp / seconds / 1e9)
     flops = shapes.linear_flops_per_token * batch
     return Roofline(batch, str(dtype).removeprefix("torch."), total_s, flops / total_s / 1e9, peak)
 
 
-def _median_seconds(op: Callable[..., object], args: tuple[torch.Tensor, ...], repeats: int) -> float:
+def _best_seconds(op: Callable[..., object], args: tuple[torch.Tensor, ...], repeats: int) -> float:
     op(*args)  # warm up: first call allocates and picks kernels
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
         op(*args)
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return min(samples)

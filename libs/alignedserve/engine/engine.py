@@ -83,6 +83,7 @@ class LLMEngine:
         self.timings: deque[IterationTiming] = deque(maxlen=100_000)
         self.eos_token_ids = _eos_ids(self.loaded)
         self._requests: dict[str, Request] = {}
+        self.last_step = "idle"  # what the last step() ran: "prefill", "decode" or "idle"
 
     @property
     def tokenizer(self):  # type: ignore[no-untyped-def]
@@ -114,10 +115,13 @@ class LLMEngine:
         """One forward: prefill of waiting requests if any can run, else one decode iteration."""
         chunks = self.scheduler.schedule_prefill()
         if chunks:
+            self.last_step = "prefill"
             return self._run_prefill(chunks)
         running = self.scheduler.schedule_decode()
         if running:
+            self.last_step = "decode"
             return self._run_decode(running)
+        self.last_step = "idle"
         return []
 
     def generate(
@@ -135,6 +139,8 @@ class LLMEngine:
             for output in self.step():
                 if output.finished:
                     final[output.request_id] = output
+            if self.last_step == "idle":
+                raise RuntimeError("no request can run: parked requests hold the KV cache; free() them first")
         return [final[request_id] for request_id in ids]
 
     # --- disaggregated entry points ------------------------------------------------------------------

@@ -80,7 +80,12 @@ def load(model: str, dtype: torch.dtype, device: str, cache_dir: str | None = No
         )
     hf_model: Any = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, attn_implementation="sdpa")
     hf_model = hf_model.to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(
+            f"{hf_dir} has no usable tokenizer files (tokenizer.json / tokenizer_config.json)"
+        ) from error
     return LoadedModel(
         hf_model, tokenizer, hf_model.config, source.model_id, time.perf_counter() - start, from_cache
     )

@@ -1,0 +1,1 @@
+"""Discrete-event simulator of the serving cluster, driven by the real batching code, and its cost models."""

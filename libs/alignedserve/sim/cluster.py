@@ -99,7 +99,6 @@ class Cluster:
         for worker in self.decoders:
             worker.window_end = last_arrival
         self.prefill_links = [FifoLink() for _ in range(config.prefill_workers)]
-        self.decode_links = [FifoLink() for _ in range(config.decode_workers)]
         self.prefill_busy: list[list[SimRequest] | None] = [None] * config.prefill_workers
         self.prefill_queue: deque[SimRequest] = deque()
         self.waiting: dict[str, SimRequest] = {}  # in the policy's pool
@@ -143,7 +142,7 @@ class Cluster:
             when, kind, _, a, b = heapq.heappop(self.events)
             handlers[kind](when, a, b)
         self._check_drained()
-        self.metrics.finish(self.decoders, self.prefill_links, time.perf_counter() - wall)
+        self.metrics.finish(self.decoders, time.perf_counter() - wall)
         return self.metrics
 
     def _check_drained(self) -> None:

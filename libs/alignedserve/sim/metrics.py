@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from alignedserve.sim.records import FifoLink, SimRequest
+from alignedserve.sim.records import SimRequest
 
 if TYPE_CHECKING:
     from alignedserve.sim.decode import DecodeWorker
@@ -76,9 +76,7 @@ class Metrics:
 
     # --- at the end ------------------------------------------------------------------------------------
 
-    def finish(
-        self, decoders: Sequence[DecodeWorker], prefill_links: Sequence[FifoLink], wall_s: float
-    ) -> None:
+    def finish(self, decoders: Sequence[DecodeWorker], wall_s: float) -> None:
         decode_tokens = sum(d.decode_tokens for d in decoders)
         iterations = sum(d.iterations for d in decoders)
         span = self.last_token - self.first_decode_start if decode_tokens else 0.0

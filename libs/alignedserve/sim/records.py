@@ -69,15 +69,13 @@ class SimulationError(RuntimeError):
 class FifoLink:
     """A FIFO transfer resource (one PCIe or NVLink direction): transfers queue behind each other."""
 
-    __slots__ = ("busy_s", "free_at")
+    __slots__ = ("free_at",)
 
     def __init__(self) -> None:
         self.free_at = 0.0
-        self.busy_s = 0.0
 
     def send(self, now: float, duration_s: float) -> float:
         """Queue a transfer of `duration_s`; returns when it completes."""
         start = max(now, self.free_at)
         self.free_at = start + duration_s
-        self.busy_s += duration_s
         return self.free_at

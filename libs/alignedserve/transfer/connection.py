@@ -1,4 +1,8 @@
-"""One UCX endpoint to one peer: frames as active messages, payload chunks as tagged messages.
+"""One UCX endpoint to one peer: frames and payload chunks, both as UCX tagged messages.
+
+Frames travel on FRAME_TAG, each in one message of at most MAX_FRAME_BYTES (a length prefix, then the
+msgpack body): the receiver keeps one receive posted into a buffer of that size, and UCX delivers the
+messages of one tag from one sender in order. Chunks travel on their own per-transfer tags.
 
 Both sides of a connection run the same loop receiving frames; frames that answer a transfer go to that
 transfer's mailbox, new requests go to the `on_request` handler (the server). Any UCX error on the
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +37,10 @@ from alignedserve.transfer.wire import (
 RequestHandler = Callable[["Connection", PullRequest | PayloadOffer], None]
 # called on each received chunk before it is hashed (fault injection)
 ChunkTap = Callable[[int, ByteView], None]
+
+FRAME_TAG = 0  # chunk tags start at 1 << CHUNK_INDEX_BITS (transfer ids start at 1)
+MAX_FRAME_BYTES = 64 << 10  # bounds a frame, i.e. the KV header it carries
+FRAME_LENGTH = struct.Struct("<I")
 
 _log = logging.getLogger(__name__)
 
@@ -71,8 +80,14 @@ class Connection:
 
     async def send_frame(self, frame: Frame) -> None:
         self._raise_if_failed()
+        message = encode_frame(frame)
+        if len(message) + FRAME_LENGTH.size > MAX_FRAME_BYTES:
+            raise ProtocolError(
+                f"{type(frame).__name__} frame of {len(message)} bytes exceeds {MAX_FRAME_BYTES}"
+            )
+        framed = np.frombuffer(FRAME_LENGTH.pack(len(message)) + message, np.uint8)
         try:
-            await self._endpoint.am_send(encode_frame(frame))
+            await self._endpoint.send(framed, tag=FRAME_TAG)
         except Exception as error:
             raise self._fail(error) from error
 
@@ -115,6 +130,8 @@ class Connection:
             for tag, start in _chunks(transfer_id, destination.nbytes, chunk_bytes)
         ]
         receives = [asyncio.ensure_future(self._endpoint.recv(view.array, tag=tag)) for view, tag in chunks]
+        for receive in receives:  # an abort fails the ones not awaited yet: nothing left unretrieved
+            receive.add_done_callback(_retrieve)
         try:
             for index, ((view, _), receive) in enumerate(zip(chunks, receives, strict=True)):
                 await receive
@@ -147,14 +164,16 @@ class Connection:
         await asyncio.gather(self._receiver, return_exceptions=True)
 
     async def _receive_frames(self) -> None:
+        slot = np.empty(MAX_FRAME_BYTES, np.uint8)
         while self._failure is None:
             try:
-                data = await self._endpoint.am_recv()
+                await self._endpoint.recv(slot, tag=FRAME_TAG)
             except Exception as error:
                 self._fail(error)
                 return
+            (length,) = FRAME_LENGTH.unpack_from(slot)
             try:
-                frame = decode_frame(memoryview(data))
+                frame = decode_frame(slot[FRAME_LENGTH.size : FRAME_LENGTH.size + length].tobytes())
             except ProtocolError as error:
                 _log.warning("dropping bad frame from %s: %s", self.peer, error)
                 continue
@@ -190,6 +209,11 @@ class Connection:
         return self._failure
 
 
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 def _chunks(transfer_id: int, nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
     """(tag, start offset) of each chunk of a payload."""
     count = chunk_count(nbytes, chunk_bytes)
@@ -198,12 +222,6 @@ def _chunks(transfer_id: int, nbytes: int, chunk_bytes: int) -> list[tuple[int, 
 
 class _ClosedEndpoint:
     """Stands in for an aborted ucxx endpoint so late calls fail the same way as a dead peer's."""
-
-    async def am_recv(self) -> Any:
-        raise PeerUnavailable("connection closed")
-
-    async def am_send(self, _: object) -> None:
-        raise PeerUnavailable("connection closed")
 
     async def send(self, _: object, tag: int) -> None:
         raise PeerUnavailable("connection closed")

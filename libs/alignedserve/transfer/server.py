@@ -136,7 +136,7 @@ class TransferServer:
         offer = PayloadOffer(
             transfer_id, entry.key, entry.header, entry.payload.nbytes, entry.checksum, self._chunk_bytes
         )
-        await connection.send_frame(offer)
+        connection.post_frame(offer)  # not awaited: the chunks follow at once
         if self._faults.take("stall_sends"):
             await asyncio.Event().wait()
         payload = corrupted_copy(entry.payload) if self._faults.take("corrupt_sends") else entry.payload

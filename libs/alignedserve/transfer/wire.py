@@ -1,4 +1,4 @@
-"""Frames of the transfer protocol: small msgpack messages sent as UCX active messages.
+"""Frames of the transfer protocol: small msgpack messages on their own UCX tag.
 
 A pull is request -> offer + payload chunks -> done; a push is offer -> ready (or refused) -> chunks -> done:
 

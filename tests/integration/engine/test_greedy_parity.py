@@ -30,7 +30,7 @@ def test_tiny_models_match_transformers_generate(
 
 @pytest.mark.slow
 def test_smollm2_matches_transformers_generate(smollm2: LoadedModel) -> None:
-    prompts = mixed_prompts(50, int(smollm2.config.vocab_size), long_lengths=[300, 900, 2000], seed=2)
+    prompts = mixed_prompts(50, int(smollm2.config.vocab_size), long_lengths=[300, 2000], seed=2)
     engine = LLMEngine(EngineConfig(max_prefill_tokens=1024, kv_cache_bytes=256 * 2**20), loaded=smollm2)
     params = SamplingParams(max_tokens=4, temperature=0.0)
     outputs = engine.generate(prompts, params)

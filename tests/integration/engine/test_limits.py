@@ -74,3 +74,14 @@ def test_bad_requests_get_clear_errors(tiny_llama: PreTrainedModel) -> None:
     engine.add_request("a", [5], GREEDY)
     with pytest.raises(RequestError, match="already"):
         engine.add_request("a", [5], GREEDY)
+
+
+def test_generate_reports_a_cache_held_by_parked_requests(tiny_llama: PreTrainedModel) -> None:
+    engine = tiny_engine(tiny_llama, num_blocks=10)
+    engine.prefill([("parked", [5] * 36, GREEDY)])  # 9 of 10 blocks stay held until freed
+    with pytest.raises(RuntimeError, match="free"):
+        engine.generate([[5] * 20], GREEDY)
+    engine.free("parked")
+    while engine.has_unfinished():  # the refused request was left queued; now it runs
+        engine.step()
+    assert engine.allocator.num_used == 0

@@ -46,7 +46,7 @@ from alignedserve.transfer import KVRegistry, TransferEndpoint
 from alignedserve_services.common.kv_envelope import KvEnvelope
 from alignedserve_services.common.kv_store import KvStore, StoreSink
 from alignedserve_services.decode.config import DecodeSettings
-from alignedserve_services.decode.main import serve
+from alignedserve_services.decode.main import main, serve
 from transformers import LlamaConfig, LlamaForCausalLM
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -190,6 +190,9 @@ class Peers:
     def finished(self, worker_id: str) -> dict[str, RequestFinished]:
         return {m.request_id: m for m in self.inbox.of(RequestFinished) if m.worker_id == worker_id}
 
+    def heartbeats(self, worker_id: str) -> list[WorkerHeartbeat]:
+        return [m for m in self.inbox.of(WorkerHeartbeat) if m.worker_id == worker_id]
+
     def statuses(self, worker_id: str) -> list[DecodeStatus]:
         return [m for m in self.inbox.of(DecodeStatus) if m.worker_id == worker_id]
 
@@ -201,8 +204,14 @@ class Worker:
 
 
 @pytest.fixture
-async def peers(prefix: str, redis_url: str, tiny: LoadedModel) -> AsyncIterator[Peers]:
-    bus = await connect_bus(redis_url)
+def bus_url(redis_url: str) -> str:
+    """Short XREADGROUP blocks: subscriptions stop quickly at the end of each test."""
+    return f"{redis_url}{'&' if '?' in redis_url else '?'}block_ms=100"
+
+
+@pytest.fixture
+async def peers(prefix: str, bus_url: str, tiny: LoadedModel) -> AsyncIterator[Peers]:
+    bus = await connect_bus(bus_url)
     peers = Peers(bus, tiny, gateway=f"gw-{uuid.uuid4().hex[:6]}")
     await peers.start()
     yield peers
@@ -212,8 +221,8 @@ async def peers(prefix: str, redis_url: str, tiny: LoadedModel) -> AsyncIterator
     await bus.close()
 
 
-async def start_worker(peers: Peers, redis_url: str, tiny: LoadedModel, **knobs: object) -> Worker:
-    options: dict[str, object] = dict(worker_id="decode-t", bus=redis_url, model="tiny", block_size=BLOCK,
+async def start_worker(peers: Peers, bus_url: str, tiny: LoadedModel, **knobs: object) -> Worker:
+    options: dict[str, object] = dict(worker_id="decode-t", bus=bus_url, model="tiny", block_size=BLOCK,
                                       num_kv_blocks=256, max_num_seqs=8, metrics_port=0, status_interval_s=0.1,
                                       log_level="warning")  # fmt: skip
     options.update(knobs)
@@ -229,6 +238,13 @@ async def start_worker(peers: Peers, redis_url: str, tiny: LoadedModel, **knobs:
 async def stop_worker(worker: Worker) -> None:
     os.kill(os.getpid(), signal.SIGTERM)  # the worker's own drain handler takes it
     assert await asyncio.wait_for(worker.task, WAIT_S) == 0
+
+
+async def metrics_text(peers: Peers) -> str:
+    """The worker's /metrics, found through its heartbeat (its HTTP server runs on this event loop)."""
+    await peers.inbox.until(lambda: bool(peers.heartbeats("decode-t")), "a heartbeat")
+    async with httpx.AsyncClient() as client:
+        return (await client.get(f"{peers.heartbeats('decode-t')[0].http_url}/metrics")).text
 
 
 def reference(
@@ -248,10 +264,10 @@ async def publish_plan(
     return plan
 
 
-async def test_a_batch_from_the_pool_decodes_exactly_like_one_engine(peers: Peers, redis_url: str, tiny: LoadedModel) -> None:  # fmt: skip
+async def test_a_batch_from_the_pool_decodes_exactly_like_one_engine(peers: Peers, bus_url: str, tiny: LoadedModel) -> None:  # fmt: skip
     batch = prompts([5, 17, 33, 9], seed=1)
     want = reference(tiny, batch, max_tokens=12, ignore_eos=False)
-    worker = await start_worker(peers, redis_url, tiny)
+    worker = await start_worker(peers, bus_url, tiny)
     spec = SamplingSpec(max_tokens=12, temperature=0.0)
     planned = [await peers.prefill(f"r{i}", p, spec, staged=False) for i, p in enumerate(batch)]
     await publish_plan(peers, 7, planned)  # prefetch off: decode pulls from the pool itself
@@ -266,19 +282,18 @@ async def test_a_batch_from_the_pool_decodes_exactly_like_one_engine(peers: Peer
     last = peers.statuses("decode-t")[-1]
     assert last.latest_batch_id == 7 and last.free_blocks == last.total_blocks == 256
     assert len(peers.pool_store) == 0  # each entry released once pulled
-    [beat] = [m for m in peers.inbox.of(WorkerHeartbeat) if m.worker_id == "decode-t"][:1]
-    metrics = httpx.get(f"{beat.http_url}/metrics").text
+    metrics = await metrics_text(peers)
     assert 'alignedserve:decode_admitted_requests_total{source="batch"} 4.0' in metrics
     assert "alignedserve:decode_admission_stall_seconds_count 1.0" in metrics
     assert 'alignedserve:decode_kv_pulled_bytes_total{when="admission"}' in metrics
     await stop_worker(worker)
 
 
-async def test_staged_batch_with_evictions_to_the_staging_buffer_still_decodes_exactly(peers: Peers, redis_url: str, tiny: LoadedModel) -> None:  # fmt: skip
+async def test_staged_batch_with_evictions_to_the_staging_buffer_still_decodes_exactly(peers: Peers, bus_url: str, tiny: LoadedModel) -> None:  # fmt: skip
     batch = prompts([10, 11, 12, 13, 9, 14], seed=2)
     want = reference(tiny, batch, max_tokens=20, ignore_eos=True)
     # 24 blocks of 4 tokens cannot hold six requests growing to ~33 tokens: the scheduler must evict
-    worker = await start_worker(peers, redis_url, tiny, num_kv_blocks=24)
+    worker = await start_worker(peers, bus_url, tiny, num_kv_blocks=24)
     spec = SamplingSpec(max_tokens=20, temperature=0.0, ignore_eos=True)
     planned = [await peers.prefill(f"s{i}", p, spec, staged=True) for i, p in enumerate(batch)]
     await publish_plan(peers, 11, planned, staging="prefill-t")
@@ -294,11 +309,16 @@ async def test_staged_batch_with_evictions_to_the_staging_buffer_still_decodes_e
     )
     assert all(e.batch_id == 11 and e.prefix_len > e.state.prompt_len for e in evicted)
     assert len(peers.stage_served) == 0 and len(peers.stage_store) == 0  # every pushed-back KV pulled again
+    metrics = await metrics_text(peers)
+    assert (
+        'alignedserve:decode_kv_pulled_bytes_total{when="prefetch"}' in metrics
+    )  # pre-pulled before admission
+    assert 'alignedserve:decode_evicted_requests_total{to="prefill"}' in metrics
     await stop_worker(worker)
 
 
-async def test_a_failed_prefetch_errors_and_a_cancel_frees_the_blocks(peers: Peers, redis_url: str, tiny: LoadedModel) -> None:  # fmt: skip
-    worker = await start_worker(peers, redis_url, tiny)
+async def test_a_failed_prefetch_errors_and_a_cancel_frees_the_blocks(peers: Peers, bus_url: str, tiny: LoadedModel) -> None:  # fmt: skip
+    worker = await start_worker(peers, bus_url, tiny)
     spec = SamplingSpec(max_tokens=1000, temperature=0.0, ignore_eos=True)
     planned = [await peers.prefill(rid, p, spec, staged=True) for rid, p in zip(["ok", "lost"], prompts([8, 8], 3), strict=True)]  # fmt: skip
     await publish_plan(peers, 21, planned, staging="prefill-t")
@@ -317,8 +337,8 @@ async def test_a_failed_prefetch_errors_and_a_cancel_frees_the_blocks(peers: Pee
     await stop_worker(worker)
 
 
-async def test_sigterm_hands_running_and_waiting_requests_back_to_the_pool(peers: Peers, redis_url: str, tiny: LoadedModel) -> None:  # fmt: skip
-    worker = await start_worker(peers, redis_url, tiny, max_num_seqs=1, drain_timeout_s=1.0)
+async def test_sigterm_hands_running_and_waiting_requests_back_to_the_pool(peers: Peers, bus_url: str, tiny: LoadedModel) -> None:  # fmt: skip
+    worker = await start_worker(peers, bus_url, tiny, max_num_seqs=1, drain_timeout_s=1.0)
     spec = SamplingSpec(max_tokens=1000, temperature=0.0, ignore_eos=True)
     planned = [await peers.prefill(rid, p, spec, staged=False) for rid, p in zip(["long", "next"], prompts([8, 6], 4), strict=True)]  # fmt: skip
     await publish_plan(peers, 31, planned)
@@ -332,3 +352,10 @@ async def test_sigterm_hands_running_and_waiting_requests_back_to_the_pool(peers
     generated = len(peers.outputs()["long"])
     assert back["long"].state.output_len == generated and back["long"].prefix_len == 8 + generated - 1
     assert "long" in peers.pool_store and "next" in peers.pool_store  # its KV waits there for another worker
+
+
+def test_a_bad_configuration_names_the_flags_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--num-kv-blocks", "64", "--kv-cache-bytes", "1GiB"]) == 2
+    assert "--kv-cache-bytes or --num-kv-blocks" in capsys.readouterr().err
+    assert main(["--max-num-seqs", "0"]) == 2
+    assert "--max-num-seqs" in capsys.readouterr().err

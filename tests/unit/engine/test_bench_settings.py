@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from alignedserve.engine.bench import FULL, QUICK, _settings, build_parser
+from alignedserve.engine.bench_stats import full_batch_gaps, rate_from_gaps
 
 
 def _parse(*argv: str):  # type: ignore[no-untyped-def]
@@ -43,8 +44,39 @@ def test_default_kv_budget_comes_from_available_memory() -> None:
         (("--systems", "engine,vllm"), "unknown systems"),
         (("--dtypes", "float16"), "not benchmarked on CPU"),
         (("--steps", "1"), "--steps and --ratio-steps must be >= 2"),
+        (("--repeats", "0"), "--repeats and --cb-repeats must be >= 1"),
     ],
 )
 def test_bad_flags_are_refused_with_a_reason(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _parse(*argv)
+
+
+def test_decode_rate_is_batch_over_the_median_iteration() -> None:
+    rate = rate_from_gaps(64, [0.5, 0.4, 10.0, 0.5, 0.6])  # one stall: the median ignores it
+    assert rate.step_s == 0.5 and rate.tok_s == 128.0 and rate.steps == 5
+    with pytest.raises(RuntimeError, match="no full-batch"):
+        rate_from_gaps(8, [])
+
+
+def test_full_batch_window_runs_from_last_first_token_to_first_last_token() -> None:
+    # Row 0 prefilled in iteration 0, row 1 in iteration 1; stamps of one iteration differ by microseconds.
+    rows = [
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+        [1.00002, 2.00001, 3.00003, 4.00001, 5.00002, 6.0],
+    ]
+    assert full_batch_gaps(rows) == pytest.approx([1.0, 1.0, 1.0, 1.0], abs=1e-4)
+
+
+def test_full_batch_window_refuses_rows_that_skip_iterations() -> None:
+    rows = [[0.0, 1.0, 2.0, 3.0, 4.0], [0.0, 1.0, 3.0, 4.0, 5.0]]  # row 1 missed iteration 2
+    with pytest.raises(RuntimeError, match="same iterations"):
+        full_batch_gaps(rows)
+
+
+def test_cb_repeats_default_to_repeats_and_never_exceed_them() -> None:
+    assert _parse("--repeats", "4").cb_repeats == 4
+    assert _parse("--repeats", "4", "--cb-repeats", "1").cb_repeats == 1
+    assert _parse("--repeats", "2", "--cb-repeats", "9").cb_repeats == 2
+    with pytest.raises(ValueError, match="--repeats and --cb-repeats must be >= 1"):
+        _parse("--cb-repeats", "0")

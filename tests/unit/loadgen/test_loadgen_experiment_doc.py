@@ -217,3 +217,23 @@ def test_mean_batch_prefix_spread_from_the_batchers_histogram() -> None:
 
     before, after = parse_samples(exposition([100.0])), parse_samples(exposition([100.0, 10.0, 40.0]))
     assert decode_stats(counter_delta(before, after)) == {"mean_batch_prefix_spread": pytest.approx(25.0)}
+
+
+def test_decode_busy_throughput_and_iteration_time() -> None:
+    def exposition(tokens: float, iteration_s: list[float]) -> str:
+        registry = CollectorRegistry()
+        Counter("alignedserve:decode_generation_tokens", "tokens", registry=registry).inc(tokens)
+        hist = Histogram(
+            "alignedserve:decode_iteration_seconds", "forward", buckets=(0.1, 1.0), registry=registry
+        )
+        for seconds in iteration_s:
+            hist.observe(seconds)
+        return generate_latest(registry).decode()
+
+    before = parse_samples(exposition(100, [0.5]))
+    after = parse_samples(exposition(500, [0.5, 0.25, 0.75, 1.0]))  # +400 tokens in 2.0 s of forwards
+    stats = decode_stats(counter_delta(before, after))
+    assert stats == {
+        "decode_busy_tokens_per_s": pytest.approx(200.0),
+        "mean_decode_iteration_ms": pytest.approx(2000 / 3),
+    }
