@@ -200,28 +200,44 @@ class VllmCpuPeer:
 
 
 LLAMA_CPP_VERSION = "0.3.36"
-# The native build crashes on AMX-capable Xeons (a fault at an AMX tile instruction): build without AMX.
-LLAMA_CPP_CMAKE_ARGS = " ".join(
-    [
-        "-DGGML_NATIVE=OFF",
-        *(
-            f"-DGGML_{isa}=ON"
-            for isa in (
-                "AVX",
-                "AVX2",
-                "FMA",
-                "F16C",
-                "BMI2",
-                "AVX_VNNI",
-                "AVX512",
-                "AVX512_VBMI",
-                "AVX512_VNNI",
-                "AVX512_BF16",
-            )
-        ),
-        *(f"-DGGML_{amx}=OFF" for amx in ("AMX_TILE", "AMX_INT8", "AMX_BF16")),
-    ]
-)
+# ggml ISA switch -> the /proc/cpuinfo flag the host needs for it. The native build (-march=native)
+# crashes on AMX-capable Xeons (a fault at an AMX tile instruction), so the build is not native: each
+# ISA is switched on only when this CPU has it (an ISA it lacks faults with "invalid opcode") and AMX
+# stays off.
+GGML_ISA_FLAGS = {
+    "AVX": "avx",
+    "AVX2": "avx2",
+    "FMA": "fma",
+    "F16C": "f16c",
+    "BMI2": "bmi2",
+    "AVX_VNNI": "avx_vnni",
+    "AVX512": "avx512f",
+    "AVX512_VBMI": "avx512vbmi",
+    "AVX512_VNNI": "avx512_vnni",
+    "AVX512_BF16": "avx512_bf16",
+}
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The ISA flags of the first CPU listed in /proc/cpuinfo's text."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def llama_cpp_cmake_args(flags: set[str]) -> str:
+    """CMAKE_ARGS for a llama.cpp build that runs on a CPU with `flags`: no -march=native, no AMX."""
+    isa = [f"-DGGML_{name}={'ON' if flag in flags else 'OFF'}" for name, flag in GGML_ISA_FLAGS.items()]
+    amx = [f"-DGGML_{name}=OFF" for name in ("AMX_TILE", "AMX_INT8", "AMX_BF16")]
+    return " ".join(["-DGGML_NATIVE=OFF", *isa, *amx])
+
+
+def host_cmake_args() -> str:
+    try:
+        return llama_cpp_cmake_args(cpu_flags(Path("/proc/cpuinfo").read_text()))
+    except OSError:
+        return llama_cpp_cmake_args(set())  # unknown CPU: plain x86-64, slow but safe
 
 
 @dataclass
@@ -238,9 +254,11 @@ class LlamaCppPeer:
     n_ctx: int = 8192
     venv: PeerVenv = field(default_factory=lambda: PeerVenv(peers_root() / "llama-cpp"))
 
+    cmake_args: str = field(default_factory=host_cmake_args)
+
     @property
     def spec(self) -> str:
-        return f"llama-cpp-python[server]=={LLAMA_CPP_VERSION} CMAKE_ARGS={LLAMA_CPP_CMAKE_ARGS}"
+        return f"llama-cpp-python[server]=={LLAMA_CPP_VERSION} CMAKE_ARGS={self.cmake_args}"
 
     def install(self) -> None:
         log = self.venv.log
@@ -248,10 +266,12 @@ class LlamaCppPeer:
             log.note(f"{self.name}: venv complete, skipping install")
             return
         self.venv.create()
+        # a build with other flags may be installed: remove it, or pip would keep it as satisfying the pin
+        self.venv.pip("remove an earlier build", ["uninstall", "-y", "llama-cpp-python"])
         self.venv.pip(
-            "build and install llama-cpp-python (no AMX)",
+            "build and install llama-cpp-python (this CPU's ISA, no AMX)",
             ["install", "--no-cache-dir", f"llama-cpp-python[server]=={LLAMA_CPP_VERSION}"],
-            env={"CMAKE_ARGS": LLAMA_CPP_CMAKE_ARGS},
+            env={"CMAKE_ARGS": self.cmake_args},
         )
         log.run("check import", [str(self.venv.python), "-c", "import llama_cpp.server.app"])
         self.venv.mark_complete(self.spec)

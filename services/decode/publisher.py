@@ -18,8 +18,8 @@ from alignedserve_services.decode.core import Publish
 
 log = get_logger("alignedserve.decode")
 
-ATTEMPTS = 5  # a broker restart takes a moment; after that a message is dropped and logged
 BACKOFF_S = 0.05
+MAX_BACKOFF_S = 2.0
 
 
 class OrderedPublisher:
@@ -56,12 +56,14 @@ class OrderedPublisher:
             return False
 
     async def _send(self, topic: str, message: Message) -> None:
-        for attempt in range(1, ATTEMPTS + 1):
+        """Until the broker takes it: a lost TokenBatch would leave a client waiting forever, so a broker
+        that is restarting or starved delays the stream (in order) rather than dropping from it."""
+        delay = BACKOFF_S
+        while True:
             try:
                 await self.bus.publish(topic, message)
                 return
-            except Exception as exc:  # the broker may be restarting: retry, then drop with a log line
-                if attempt == ATTEMPTS:
-                    log.error("publish_dropped", topic=topic, type=message.TYPE, error=repr(exc))
-                    return
-                await asyncio.sleep(BACKOFF_S * 2 ** (attempt - 1))
+            except Exception as exc:
+                log.warning("publish_retry", topic=topic, type=message.TYPE, error=repr(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_BACKOFF_S)

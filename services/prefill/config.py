@@ -12,6 +12,10 @@ class PrefillSettings(EngineWorkerSettings):
     service_name: ClassVar[str] = "prefill"
 
     worker_id: str = Field("prefill-0", min_length=1, description="name in logs, metrics and the bus")
+    # Prefill holds a request's KV only until it is handed to the pool: a few prompts' worth is enough.
+    kv_cache_bytes: ByteSize | None = Field(
+        ByteSize(512 << 20), gt=0, description="KV cache budget on the device (prompts in flight here)"
+    )
     max_queue: int = Field(256, ge=1, description="prompts queued here before it stops taking more")
     staging_bytes: ByteSize = Field(
         ByteSize(2 << 30), gt=0, description="memory for the candidate buffers (staged KV for decode)"

@@ -89,6 +89,9 @@ class ConsumerStats:
     lag_s: list[float] = field(default_factory=list)  # created_at -> handler start, last 1024
 
 
+RECONNECT_MIN_S = 0.1
+RECONNECT_MAX_S = 2.0
+
 DeadLetter = Callable[[str, bytes, str], Awaitable[None]]  # (topic, payload, error) -> None
 
 
@@ -158,6 +161,9 @@ class Dispatcher:
 class Subscription(abc.ABC):
     """A running consume loop of one member of a consumer group. Stop it with `await stop()`."""
 
+    # errors of the broker client that a retry can outlive (subclasses add their client's own)
+    transient_errors: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+
     def __init__(self, dispatcher: Dispatcher) -> None:
         self.dispatcher = dispatcher
         self._ready = asyncio.Event()
@@ -205,14 +211,26 @@ class Subscription(abc.ABC):
             await self._task
 
     async def _run_guarded(self) -> None:
-        try:
-            await self._run()
-        except asyncio.CancelledError:
-            if not self._stopping:
+        """Run the consume loop; a broker error (timeout, lost connection) restarts it after a back-off,
+        so a subscription outlives a broker restart or a starved machine instead of dying silently."""
+        backoff = RECONNECT_MIN_S
+        while True:
+            try:
+                await self._run()
+                return
+            except asyncio.CancelledError:
+                if not self._stopping:
+                    raise
+                return
+            except self.transient_errors as exc:
+                if self._stopping:
+                    return
+                log.warning("%s: broker error %r; consuming again in %.2fs", self.dispatcher.name, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, RECONNECT_MAX_S)
+            except Exception:
+                log.exception("%s: consume loop crashed", self.dispatcher.name)
                 raise
-        except Exception:
-            log.exception("%s: consume loop crashed", self.dispatcher.name)
-            raise
 
     @abc.abstractmethod
     async def _run(self) -> None: ...

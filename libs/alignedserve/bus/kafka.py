@@ -235,6 +235,8 @@ class _Assignments(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 class KafkaSubscription(Subscription):
+    transient_errors = (KafkaError, OSError, TimeoutError)
+
     def __init__(self, consumer: AIOKafkaConsumer, options: KafkaOptions, dispatcher: Dispatcher) -> None:
         super().__init__(dispatcher)
         self._consumer = consumer

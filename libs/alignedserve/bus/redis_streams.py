@@ -141,6 +141,8 @@ class RedisStreamsBus(Bus):
 
 
 class RedisSubscription(Subscription):
+    transient_errors = (RedisError, OSError, TimeoutError)
+
     def __init__(
         self,
         redis: aioredis.Redis,

@@ -15,21 +15,10 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from alignedserve.engine.decode_kv import DecodeGroup, DecodeKv, GatheredKv, gather_blocks
 from alignedserve.engine.kv_cache import PagedKvCache
 
-
-@dataclass(frozen=True)
-class DecodeGroup:
-    """Rows of the decode batch that share one SDPA call.
-
-    rows: [G] int64 row indices into the batch; block_tables: [G, n_blocks] int64 (padded with 0);
-    mask: [G, 1, 1, n_blocks * block_size] bool, True where a key is inside that row's context;
-    None when every row's context fills the group exactly (no padding)."""
-
-    rows: torch.Tensor
-    block_tables: torch.Tensor
-    mask: torch.Tensor | None
-    context_len: int  # keys per row after trimming the padded gather
+__all__ = ["DecodeGroup", "gather_blocks"]  # re-exported: the decode plan's types live in decode_kv
 
 
 class DecodeGrouping(Protocol):
@@ -112,6 +101,7 @@ def plan_decode(
                 block_tables=torch.tensor(tables, dtype=torch.int64, device=device),
                 mask=mask,
                 context_len=longest,
+                lens=tuple(lens),
             )
         )
     return plan
@@ -122,31 +112,38 @@ def _padded(table: list[int], n_blocks: int) -> list[int]:
     return head + [0] * (n_blocks - len(head))
 
 
-def gather_blocks(blocks: torch.Tensor, block_tables: torch.Tensor, context_len: int) -> torch.Tensor:
-    """[num_blocks, bs, kvh, d] gathered by [G, n] tables -> [G, kvh, context_len, d] (a strided view)."""
-    groups, n = block_tables.shape
-    gathered = blocks.index_select(0, block_tables.view(-1))  # [G * n, bs, kvh, d]: one copy
-    gathered = gathered.view(groups, n * blocks.shape[1], blocks.shape[2], blocks.shape[3])
-    return gathered[:, :context_len].transpose(1, 2)
-
-
 def decode_attention(
-    cache: PagedKvCache, layer: int, query: torch.Tensor, plan: list[DecodeGroup], scale: float
+    cache: PagedKvCache,
+    layer: int,
+    query: torch.Tensor,
+    plan: list[DecodeGroup],
+    scale: float,
+    kv: DecodeKv | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """query: [B, heads, head_dim] (one new token per row, its K/V already written) -> [B, heads, head_dim]."""
+    """query: [B, heads, head_dim] (one new token per row, its K/V already written to `cache`);
+    new_kv: that K/V, each [B, kvh, head_dim], for a `kv` that stages it -> [B, heads, head_dim]."""
+    source = kv or GatheredKv()
     if len(plan) == 1 and plan[0].rows.numel() == query.shape[0]:
-        return _group_attention(cache, layer, query, plan[0], scale)
+        return _group_attention(cache, layer, query, 0, plan[0], scale, source, new_kv)
     out = torch.empty_like(query)
-    for group in plan:
-        out.index_copy_(0, group.rows, _group_attention(cache, layer, query[group.rows], group, scale))
+    for index, group in enumerate(plan):
+        attended = _group_attention(cache, layer, query[group.rows], index, group, scale, source, new_kv)
+        out.index_copy_(0, group.rows, attended)
     return out
 
 
 def _group_attention(
-    cache: PagedKvCache, layer: int, query: torch.Tensor, group: DecodeGroup, scale: float
+    cache: PagedKvCache,
+    layer: int,
+    query: torch.Tensor,
+    index: int,
+    group: DecodeGroup,
+    scale: float,
+    kv: DecodeKv,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> torch.Tensor:
-    key = gather_blocks(cache.keys[layer], group.block_tables, group.context_len)  # [G, kvh, L, d]
-    value = gather_blocks(cache.values[layer], group.block_tables, group.context_len)
+    key, value = kv.group_kv(cache, layer, index, group, new_kv)  # each [G, kvh, L, d]
     out = F.scaled_dot_product_attention(
         query.unsqueeze(2), key, value, attn_mask=group.mask, scale=scale, enable_gqa=True
     )  # [G, heads, 1, d]

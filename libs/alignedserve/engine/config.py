@@ -31,6 +31,7 @@ class EngineConfig:
     max_prefill_tokens: int = 2048  # tokens per prefill forward; longer prompts go in chunks
     max_model_len: int | None = None  # None: the model's own context length
     attention: str = "auto"  # decode attention strategy; "auto" picks per batch shape
+    staged_kv_bytes: int = 1024**3  # decode K/V kept contiguous across iterations; 0: gather each one
     timings: bool = False  # record per-iteration linear/attention time split
     num_threads: int | None = None  # torch intra-op threads on CPU (None: leave torch's default)
     cache_dir: str | None = (
@@ -46,6 +47,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None:
                 self._check_positive(name, value)
+        if not isinstance(self.staged_kv_bytes, int) or self.staged_kv_bytes < 0:
+            raise ValueError(f"staged_kv_bytes must be an integer >= 0, got {self.staged_kv_bytes!r}")
         if self.kv_cache_bytes is not None and self.num_blocks is not None:
             raise ValueError("give either kv_cache_bytes or num_blocks, not both")
         if self.attention not in ATTENTION_STRATEGIES:

@@ -20,7 +20,8 @@ from alignedserve.engine.attention import (
     PerSequenceGrouping,
 )
 from alignedserve.engine.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
-from alignedserve.engine.kv_cache import PagedKvCache
+from alignedserve.engine.decode_kv import DecodeKv, GatheredKv, StagedKv
+from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
 from alignedserve.engine.loader import LoadedModel, load
 from alignedserve.engine.model import kv_layout, paged_model
 from alignedserve.engine.request import (
@@ -77,7 +78,9 @@ class LLMEngine:
         )
         self.cache = PagedKvCache(self.layout, self.allocator.num_blocks, self.device)
         timer = WallTimer(self.device) if config.timings else NullTimer()
-        self.runner = ModelRunner(self.model, self.cache, _selector(config), timer)
+        self.runner = ModelRunner(
+            self.model, self.cache, _selector(config), timer, _decode_kv(config, self.layout)
+        )
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_prefill_tokens)
         self.sampler = Sampler()
         self.timings: deque[IterationTiming] = deque(maxlen=100_000)
@@ -187,6 +190,7 @@ class LLMEngine:
         request = self._new_request(request_id, prompt_token_ids, params, park_after_prefill=False)
         request.output_token_ids = list(output_token_ids)
         self.allocator.allocate(request_id, kv.header.num_tokens + 1)
+        self.runner.decode_kv.reset()  # the import writes the paged cache behind the staged decode K/V
         try:
             import_kv(self.cache, kv, self.allocator.block_table(request_id), self.model_id)
         except Exception:
@@ -344,6 +348,12 @@ def _selector(config: EngineConfig) -> GroupingSelector:
     if config.attention in fixed:
         return FixedGrouping(fixed[config.attention])
     return ShapeSelector()
+
+
+def _decode_kv(config: EngineConfig, layout: KvLayout) -> DecodeKv:
+    if config.staged_kv_bytes == 0:
+        return GatheredKv()
+    return StagedKv(layout, config.staged_kv_bytes)
 
 
 def _eos_ids(loaded: LoadedModel) -> list[int]:

@@ -19,6 +19,7 @@ from alignedserve.engine.attention import (
     plan_decode,
     prefill_attention,
 )
+from alignedserve.engine.decode_kv import DecodeKv, GatheredKv
 from alignedserve.engine.kv_cache import PagedKvCache
 from alignedserve.engine.model import PagedModel
 from alignedserve.engine.timing import IterationTimer, IterationTiming, NullTimer
@@ -65,8 +66,10 @@ class ModelRunner:
         cache: PagedKvCache,
         selector: GroupingSelector,
         timer: IterationTimer | None = None,
+        decode_kv: DecodeKv | None = None,
     ) -> None:
         self.model = model
+        self.decode_kv: DecodeKv = decode_kv or GatheredKv()
         self.cache = cache
         self.selector = selector
         self.timer: IterationTimer = timer or NullTimer()
@@ -93,6 +96,7 @@ class ModelRunner:
                 last_rows.append(len(ids) - 1)
         slot_tensor = self._tensor(slots)
         cache, timer = self.cache, self.timer
+        self.decode_kv.reset()  # prefill writes the paged cache behind the staged decode K/V
 
         def attend(
             layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
@@ -113,6 +117,8 @@ class ModelRunner:
         plan: list[DecodeGroup] = plan_decode(
             grouping, context_lens, [row.block_table for row in rows], self.block_size, self.device
         )
+        # A row's first block is its identity across iterations: blocks belong to one request at a time.
+        self.decode_kv.begin([row.block_table[0] for row in rows], plan)
         slot_tensor = self._tensor(
             [
                 row.block_table[row.position // self.block_size] * self.block_size
@@ -120,14 +126,14 @@ class ModelRunner:
                 for row in rows
             ]
         )
-        cache, timer = self.cache, self.timer
+        cache, timer, decode_kv = self.cache, self.timer, self.decode_kv
 
         def attend(
             layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
         ) -> torch.Tensor:
             with timer.attention():
                 cache.write(layer, slot_tensor, k, v)
-                return decode_attention(cache, layer, q, plan, scale)
+                return decode_attention(cache, layer, q, plan, scale, decode_kv, (k, v))
 
         ids = [row.token_id for row in rows]
         logits = self._forward(ids, [row.position for row in rows], attend, None)

@@ -78,9 +78,12 @@ async def _serve(sizes: list[int], chunk_bytes: int, pipe: Pipe) -> None:
 
     async def answer_raw(ucx_endpoint: Any) -> None:
         request = np.empty(1, np.uint64)
-        while True:
-            await ucx_endpoint.recv(request, tag=RAW_REQUEST_TAG)
-            await ucx_endpoint.send(payloads[int(request[0])], tag=RAW_PAYLOAD_TAG)
+        try:
+            while True:
+                await ucx_endpoint.recv(request, tag=RAW_REQUEST_TAG)
+                await ucx_endpoint.send(payloads[int(request[0])], tag=RAW_PAYLOAD_TAG)
+        except Exception:  # the measuring side closed its endpoint: done
+            return
 
     raw_listener = ucxx.create_listener(answer_raw)
     pipe.send((address.port, raw_listener.port))

@@ -46,10 +46,17 @@ _log = logging.getLogger(__name__)
 
 
 class Connection:
-    def __init__(self, endpoint: Any, peer: str, on_request: RequestHandler | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: Any,
+        peer: str,
+        on_request: RequestHandler | None = None,
+        on_close: Callable[[Connection], None] | None = None,
+    ) -> None:
         self._endpoint = endpoint  # ucxx Endpoint
         self.peer = peer
         self._on_request = on_request
+        self._on_close = on_close
         self._mailboxes: dict[int, asyncio.Queue[Frame | TransferError]] = {}
         self._transfer_ids = itertools.count(1)
         self._failure: TransferError | None = None
@@ -171,7 +178,7 @@ class Connection:
             except Exception as error:
                 self._fail(error)
                 return
-            (length,) = FRAME_LENGTH.unpack_from(slot)
+            (length,) = FRAME_LENGTH.unpack(slot[: FRAME_LENGTH.size].tobytes())
             try:
                 frame = decode_frame(slot[FRAME_LENGTH.size : FRAME_LENGTH.size + length].tobytes())
             except ProtocolError as error:
@@ -206,6 +213,8 @@ class Connection:
                 mailbox.put_nowait(self._failure)
             endpoint, self._endpoint = self._endpoint, _ClosedEndpoint()
             endpoint.abort()
+            if self._on_close is not None:
+                self._on_close(self)
         return self._failure
 
 

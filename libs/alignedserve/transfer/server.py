@@ -86,12 +86,14 @@ class TransferServer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(connection.close() for connection in self._connections))
+        await asyncio.gather(*(connection.close() for connection in list(self._connections)))
         self._connections.clear()
         UCX.release()
 
     async def _accept(self, endpoint: Any) -> None:
-        connection = Connection(endpoint, peer="client", on_request=self._on_request)
+        connection = Connection(
+            endpoint, peer="client", on_request=self._on_request, on_close=self._connections.discard
+        )
         self._connections.add(connection)
 
     def _on_request(self, connection: Connection, frame: PullRequest | PayloadOffer) -> None:
@@ -115,8 +117,6 @@ class TransferServer:
             _log.exception("transfer %d from %s failed", transfer_id, connection.peer)
         finally:
             connection.close_mailbox(transfer_id)
-            if not connection.alive:
-                self._connections.discard(connection)
 
     async def _serve_pull(self, connection: Connection, request: PullRequest) -> None:
         entry = self.registry.get(request.key)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.generate_cli import prompt_token_ids

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from alignedserve.transfer import PeerAddress
 
 PEER_SCRIPT = Path(__file__).with_name("transfer_peer.py")

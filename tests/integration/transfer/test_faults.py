@@ -10,6 +10,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import PeerProcess
+from transfer_peer import payload_bytes
+
 from alignedserve.transfer import (
     ChecksumMismatch,
     PeerUnavailable,
@@ -18,8 +21,6 @@ from alignedserve.transfer import (
     TransferFailed,
     TransferTimeout,
 )
-from conftest import PeerProcess
-from transfer_peer import payload_bytes
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from alignedserve.transfer import RetryPolicy, TransferClient
 from conftest import PeerProcess
 from transfer_peer import payload_bytes
+
+from alignedserve.transfer import RetryPolicy, TransferClient
 
 pytestmark = [
     pytest.mark.gpu,

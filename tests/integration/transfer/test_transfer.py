@@ -9,6 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import PeerProcess
+from transfer_peer import make_payload, payload_bytes
+
 from alignedserve.transfer import (
     DestinationError,
     KeyNotFound,
@@ -17,8 +20,6 @@ from alignedserve.transfer import (
     TransferClient,
     TransferEndpoint,
 )
-from conftest import PeerProcess
-from transfer_peer import make_payload, payload_bytes
 
 pytestmark = pytest.mark.timeout(120)
 

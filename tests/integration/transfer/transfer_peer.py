@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from alignedserve.transfer import FaultPlan, KVRegistry, PushRejected, TransferEndpoint
 
 PAYLOAD_KINDS = ("bytes", "numpy_u8", "torch_fp32", "torch_bf16")

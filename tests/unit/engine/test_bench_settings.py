@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from alignedserve.engine.bench import FULL, QUICK, _settings, build_parser
 from alignedserve.engine.bench_stats import full_batch_gaps, rate_from_gaps
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from alignedserve.engine.sampling import (
     Sampler,
     SamplingParams,

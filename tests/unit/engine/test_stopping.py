@@ -7,10 +7,11 @@ exactly where naive token-by-token decoding goes wrong.
 from __future__ import annotations
 
 import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from alignedserve.engine.detokenizer import IncrementalDetokenizer
 from alignedserve.engine.sampling import SamplingParams
 from alignedserve.engine.stopping import StopChecker
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 EOS = 0
 
