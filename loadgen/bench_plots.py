@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless
 import matplotlib.pyplot as plt
+
 from alignedserve_loadgen.metrics import tpot_s
 from alignedserve_loadgen.records import RequestRecord
 

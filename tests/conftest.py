@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
+
 from alignedserve.bus.embedded import redis_answers, start_kafka, start_redis
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"

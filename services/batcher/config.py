@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from alignedserve_services.common.config import WorkerSettings
 from pydantic import Field, model_validator
+
+from alignedserve_services.common.config import WorkerSettings
 
 
 class BatcherSettings(WorkerSettings):

@@ -7,9 +7,9 @@ staging prefill worker (prefetch on) and, as a notice, to its decode worker.
 
 from __future__ import annotations
 
-import asyncio
-import sys
 import time
+
+from prometheus_client import CollectorRegistry
 
 from alignedserve.batching.policies import make_policy
 from alignedserve.bus import Delivery, topics
@@ -28,10 +28,9 @@ from alignedserve.bus.messages import (
 from alignedserve_services.batcher.config import BatcherSettings
 from alignedserve_services.batcher.core import BatcherCore, BatcherRules
 from alignedserve_services.batcher.metrics import BatcherMetrics
-from alignedserve_services.common.config import ConfigError
-from alignedserve_services.common.logs import configure_logging, get_logger
+from alignedserve_services.common.entry import run_service
+from alignedserve_services.common.logs import get_logger
 from alignedserve_services.common.worker import WorkerRuntime
-from prometheus_client import CollectorRegistry
 
 log = get_logger("alignedserve.batcher")
 
@@ -138,13 +137,4 @@ async def serve(settings: BatcherSettings) -> int:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        settings = BatcherSettings.from_argv(argv, prog="alignedserve batcher", description=__doc__)
-    except ConfigError as exc:
-        print(f"alignedserve batcher: {exc}", file=sys.stderr)
-        return 2
-    configure_logging("batcher", settings.log_level, settings.log_format)
-    try:
-        return asyncio.run(serve(settings))
-    except KeyboardInterrupt:
-        return 130
+    return run_service(BatcherSettings, serve, argv, __doc__)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pydantic import ByteSize, Field
+
 from alignedserve.engine.config import EngineConfig
 from alignedserve_services.common.config import WorkerSettings
-from pydantic import ByteSize, Field
 
 
 class EngineWorkerSettings(WorkerSettings):

@@ -16,10 +16,11 @@ import socket
 from collections.abc import Callable, Iterator
 
 import uvicorn
-from alignedserve_services.common.drain import Drain
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from alignedserve_services.common.drain import Drain
 
 ReadyCheck = Callable[[], bool]
 

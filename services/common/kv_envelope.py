@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import msgpack
+
 from alignedserve.kvcache.export import KvExport, KvHeader
 
 ENVELOPE_VERSION = 1

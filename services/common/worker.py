@@ -14,13 +14,14 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
+from prometheus_client import CollectorRegistry
+
 from alignedserve.bus import Bus, ConsumerOptions, Delivery, Handler, Subscription, connect_bus, topics
 from alignedserve.bus.messages import Message, ServiceKind, WorkerHeartbeat, WorkerState
 from alignedserve_services.common.config import WorkerSettings
 from alignedserve_services.common.drain import Drain
 from alignedserve_services.common.http import HttpServer, ops_app
 from alignedserve_services.common.logs import get_logger
-from prometheus_client import CollectorRegistry
 
 HEARTBEAT_S = 1.0
 log = get_logger(__name__)

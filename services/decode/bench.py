@@ -25,6 +25,9 @@ from typing import Any
 
 import httpx
 import torch
+from prometheus_client.parser import text_string_to_metric_families
+from transformers import LlamaConfig, LlamaForCausalLM
+
 from alignedserve.bus import Delivery, connect_bus, topics
 from alignedserve.bus.messages import (
     BatchPlan,
@@ -48,8 +51,6 @@ from alignedserve_services.common.kv_store import KvStore, StoreSink
 from alignedserve_services.common.logs import configure_logging
 from alignedserve_services.decode.config import DecodeSettings
 from alignedserve_services.decode.main import serve
-from prometheus_client.parser import text_string_to_metric_families
-from transformers import LlamaConfig, LlamaForCausalLM
 
 BLOCK = 16
 # small enough for a CPU, KV large enough (8 KiB per token) that moving it is not free

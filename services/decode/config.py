@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+from pydantic import ByteSize, Field, model_validator
+
 from alignedserve.engine.config import EngineConfig
 from alignedserve_services.common.config import WorkerSettings
-from pydantic import ByteSize, Field, model_validator
 
 
 class DecodeSettings(WorkerSettings):

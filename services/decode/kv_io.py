@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from alignedserve.bus.messages import KvLocation
 from alignedserve.kvcache.export import KvExport
 from alignedserve.transfer import PeerAddress, TransferEndpoint

@@ -8,20 +8,20 @@ DecodeStatus to the batcher after every iteration (every `--status-interval-s` w
 from __future__ import annotations
 
 import asyncio
-import sys
+
+from prometheus_client import CollectorRegistry
 
 from alignedserve.bus import topics
 from alignedserve.bus.messages import ServiceKind
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.loader import LoadedModel
 from alignedserve.transfer import RetryPolicy, TransferEndpoint
-from alignedserve_services.common.config import ConfigError
-from alignedserve_services.common.logs import configure_logging, get_logger
+from alignedserve_services.common.entry import run_service
+from alignedserve_services.common.logs import get_logger
 from alignedserve_services.common.worker import WorkerRuntime
 from alignedserve_services.decode.config import DecodeSettings
 from alignedserve_services.decode.metrics import DecodeMetrics
 from alignedserve_services.decode.worker import DecodeWorker
-from prometheus_client import CollectorRegistry
 
 log = get_logger("alignedserve.decode")
 
@@ -57,13 +57,4 @@ async def serve(settings: DecodeSettings, loaded: LoadedModel | None = None) -> 
 
 
 def main(argv: list[str]) -> int:
-    try:
-        settings = DecodeSettings.from_argv(argv, prog="alignedserve decode", description=__doc__)
-    except ConfigError as exc:
-        print(f"alignedserve decode: {exc}", file=sys.stderr)
-        return 2
-    configure_logging("decode", settings.log_level, settings.log_format)
-    try:
-        return asyncio.run(serve(settings))
-    except KeyboardInterrupt:
-        return 130
+    return run_service(DecodeSettings, serve, argv, __doc__)

@@ -64,6 +64,8 @@ class OrderedPublisher:
                 await self.bus.publish(topic, message)
                 return
             except Exception as exc:
-                log.warning("publish_retry", topic=topic, type=message.TYPE, error=repr(exc), retry_in_s=delay)
+                log.warning(
+                    "publish_retry", topic=topic, type=message.TYPE, error=repr(exc), retry_in_s=delay
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, MAX_BACKOFF_S)

@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client import Gauge
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 from alignedserve.engine.sampling import SamplingParams
 from alignedserve_services.common.drain import Drain
 from alignedserve_services.common.http import mount_ops_routes
@@ -48,10 +53,6 @@ from alignedserve_services.gateway.protocol import (
 from alignedserve_services.gateway.render import SSE_DONE, sse
 from alignedserve_services.gateway.textstream import OutputChunk
 from alignedserve_services.gateway.tokenizer import PromptTokenizer
-from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
-from prometheus_client import Gauge
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = get_logger(__name__)
 

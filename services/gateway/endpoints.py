@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
+from pydantic import BaseModel
+
 from alignedserve_services.gateway.prepare import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     RequestParamNames,
@@ -24,7 +26,6 @@ from alignedserve_services.gateway.render import (
 )
 from alignedserve_services.gateway.textstream import OutputChunk
 from alignedserve_services.gateway.tokenizer import PromptTokenizer
-from pydantic import BaseModel
 
 Body = TypeVar("Body", bound=SamplingFields)
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from alignedserve_services.gateway.protocol import ErrorInfo, ErrorResponse, ParamError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from alignedserve_services.gateway.protocol import ErrorInfo, ErrorResponse, ParamError
 
 _TYPES = {
     400: "invalid_request_error",

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import anyio
+
 from alignedserve_services.common.logs import get_logger
 from alignedserve_services.gateway.backend import (
     BackendError,

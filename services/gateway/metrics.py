@@ -12,10 +12,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from alignedserve_services.gateway.backend import BackendStats
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from alignedserve_services.gateway.backend import BackendStats
 
 _TTFT_BUCKETS = (
     0.001,

@@ -7,18 +7,16 @@ entry is released once pulled and verified, or when the request is cancelled or 
 
 from __future__ import annotations
 
-import asyncio
-import sys
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from alignedserve.bus import SeenIds
 from alignedserve.bus.messages import Cancel, Message, RequestFinished, ServiceKind
 from alignedserve.transfer import KVRegistry, TransferEndpoint
-from alignedserve_services.common.config import ConfigError
+from alignedserve_services.common.entry import run_service
 from alignedserve_services.common.kv_store import KvStore, StoreSink
-from alignedserve_services.common.logs import configure_logging, get_logger
+from alignedserve_services.common.logs import get_logger
 from alignedserve_services.common.worker import WorkerRuntime
 from alignedserve_services.kvpool.config import KvPoolSettings
-from prometheus_client import CollectorRegistry, Counter, Gauge
 
 log = get_logger("alignedserve.kvpool")
 ENDED_IDS = 100_000
@@ -67,13 +65,4 @@ async def serve(settings: KvPoolSettings) -> int:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        settings = KvPoolSettings.from_argv(argv, prog="alignedserve kvpool", description=__doc__)
-    except ConfigError as exc:
-        print(f"alignedserve kvpool: {exc}", file=sys.stderr)
-        return 2
-    configure_logging("kvpool", settings.log_level, settings.log_format)
-    try:
-        return asyncio.run(serve(settings))
-    except KeyboardInterrupt:
-        return 130
+    return run_service(KvPoolSettings, serve, argv, __doc__)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from alignedserve_services.common.engine_settings import EngineWorkerSettings
 from pydantic import ByteSize, Field
+
+from alignedserve_services.common.engine_settings import EngineWorkerSettings
 
 
 class PrefillSettings(EngineWorkerSettings):

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import sys
+
+from prometheus_client import CollectorRegistry
 
 from alignedserve.bus import topics
 from alignedserve.bus.messages import ServiceKind
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.loader import ModelLoadError
 from alignedserve.transfer import KVRegistry, TransferEndpoint
-from alignedserve_services.common.config import ConfigError
+from alignedserve_services.common.entry import run_service
 from alignedserve_services.common.kv_store import KvStore, StoreSink
-from alignedserve_services.common.logs import configure_logging, get_logger
+from alignedserve_services.common.logs import get_logger
 from alignedserve_services.common.worker import WorkerRuntime
 from alignedserve_services.prefill.config import PrefillSettings
 from alignedserve_services.prefill.metrics import PrefillMetrics
 from alignedserve_services.prefill.worker import PrefillWorker
-from prometheus_client import CollectorRegistry
 
 log = get_logger("alignedserve.prefill")
 
@@ -53,16 +53,4 @@ async def serve(settings: PrefillSettings) -> int:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        settings = PrefillSettings.from_argv(argv, prog="alignedserve prefill", description=__doc__)
-    except ConfigError as exc:
-        print(f"alignedserve prefill: {exc}", file=sys.stderr)
-        return 2
-    configure_logging("prefill", settings.log_level, settings.log_format)
-    try:
-        return asyncio.run(serve(settings))
-    except ModelLoadError as exc:
-        print(f"alignedserve prefill: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_service(PrefillSettings, serve, argv, __doc__, fatal=(ModelLoadError,))

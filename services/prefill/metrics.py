@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from alignedserve_services.common.kv_store import KvStore
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from alignedserve_services.common.kv_store import KvStore
 
 
 class PrefillMetrics:

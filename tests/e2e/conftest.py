@@ -8,7 +8,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
-
 from e2e_stack import Stack, start_stack
 
 E2E_REDIS_DB = 11  # a database of its own, flushed first: stale streams of other runs never interfere

@@ -63,10 +63,17 @@ class Stack:
 
 def worker_names(prefill: int, decode: int) -> list[str]:
     """The order in which `alignedserve up` assigns metrics ports."""
-    return ["kvpool-0", "batcher-0", *[f"prefill-{i}" for i in range(prefill)], *[f"decode-{i}" for i in range(decode)]]
+    return [
+        "kvpool-0",
+        "batcher-0",
+        *[f"prefill-{i}" for i in range(prefill)],
+        *[f"decode-{i}" for i in range(decode)],
+    ]
 
 
-def start_stack(bus_url: str, log_dir: Path, *, prefill: int = 1, decode: int = 1, extra: list[str] = ()) -> Stack:  # type: ignore[assignment]
+def start_stack(
+    bus_url: str, log_dir: Path, *, prefill: int = 1, decode: int = 1, extra: list[str] = ()
+) -> Stack:  # type: ignore[assignment]
     names = worker_names(prefill, decode)
     base = free_port_block(len(names) + 1)
     port, metrics_base = base, base + 1
@@ -94,7 +101,9 @@ def start_stack(bus_url: str, log_dir: Path, *, prefill: int = 1, decode: int = 
 
 
 def _logs(log_dir: Path) -> str:
-    return "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(log_dir.glob("*.log")))
+    return "".join(
+        f"\n--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(log_dir.glob("*.log"))
+    )
 
 
 def wait_until(check: object, timeout: float = 30.0, interval: float = 0.25) -> bool:

@@ -67,17 +67,27 @@ def test_streaming_yields_the_same_text_and_ends_with_done(stack: Stack, offline
     assert usage and usage[-1]["completion_tokens"] >= 1
 
 
-async def _complete(client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> dict[str, object]:
+async def _complete(
+    client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int
+) -> dict[str, object]:
     reply = await client.post(
         f"{url}/v1/completions",
-        json={"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0},
+        json={
+            "model": MODEL,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+        },
         timeout=900,
     )
     assert reply.status_code == 200, reply.text
     return reply.json()  # type: ignore[no-any-return]
 
 
-def test_64_concurrent_requests_of_mixed_lengths_all_complete_with_their_token_counts(redis_stack: Stack) -> None:
+def test_64_concurrent_requests_of_mixed_lengths_all_complete_with_their_token_counts(
+    redis_stack: Stack,
+) -> None:
     rng = random.Random(7)
     lengths = [rng.randint(1500, 1700) for _ in range(4)] + [rng.randint(8, 200) for _ in range(60)]
     rng.shuffle(lengths)
@@ -87,7 +97,9 @@ def test_64_concurrent_requests_of_mixed_lengths_all_complete_with_their_token_c
     async def run_all() -> list[dict[str, object]]:
         async with httpx.AsyncClient() as client:
             return list(
-                await asyncio.gather(*(_complete(client, redis_stack.url, p, o) for p, o in zip(prompts, outputs)))
+                await asyncio.gather(
+                    *(_complete(client, redis_stack.url, p, o) for p, o in zip(prompts, outputs, strict=True))
+                )
             )
 
     results = asyncio.run(run_all())
@@ -102,7 +114,9 @@ def test_64_concurrent_requests_of_mixed_lengths_all_complete_with_their_token_c
 def test_both_decode_workers_serve(redis_stack: Stack) -> None:
     async def run_some() -> None:
         async with httpx.AsyncClient() as client:
-            await asyncio.gather(*(_complete(client, redis_stack.url, [100 + i] * (20 + i), 24) for i in range(24)))
+            await asyncio.gather(
+                *(_complete(client, redis_stack.url, [100 + i] * (20 + i), 24) for i in range(24))
+            )
 
     asyncio.run(run_some())
     for worker in ("decode-0", "decode-1"):
@@ -122,7 +136,9 @@ def test_a_cancelled_request_frees_its_pool_and_decode_blocks(redis_stack: Stack
 
     def all_free() -> bool:
         pool = redis_stack.metric("kvpool-0", "alignedserve:kv_pool_used_bytes")
-        decode = sum(redis_stack.metric(w, "alignedserve:decode_kv_usage_perc") for w in ("decode-0", "decode-1"))
+        decode = sum(
+            redis_stack.metric(w, "alignedserve:decode_kv_usage_perc") for w in ("decode-0", "decode-1")
+        )
         return pool == 0 and decode == 0
 
     assert wait_until(all_free, timeout=60), "blocks still held after the client went away"

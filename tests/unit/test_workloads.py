@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+
 from alignedserve.workloads import (
     RequestSpec,
     TraceFormatError,

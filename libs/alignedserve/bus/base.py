@@ -225,7 +225,9 @@ class Subscription(abc.ABC):
             except self.transient_errors as exc:
                 if self._stopping:
                     return
-                log.warning("%s: broker error %r; consuming again in %.2fs", self.dispatcher.name, exc, backoff)
+                log.warning(
+                    "%s: broker error %r; consuming again in %.2fs", self.dispatcher.name, exc, backoff
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, RECONNECT_MAX_S)
             except Exception:

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+
 from alignedserve.bus import Bus, connect_bus
 
 

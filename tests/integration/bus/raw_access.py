@@ -7,6 +7,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
 from alignedserve.bus.kafka import parse_url
 from alignedserve.bus.redis_streams import PAYLOAD, split_url
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from alignedserve.bus import BusUnavailable, connect_bus, make_bus
 from alignedserve.bus.embedded import free_port
 from alignedserve.bus.kafka import KafkaBus

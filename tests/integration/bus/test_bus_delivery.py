@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from bus_helpers import eventually
+from raw_access import publish_raw, read_raw
+
 from alignedserve.bus import Bus, Delivery
 from alignedserve.bus.messages import (
     Cancel,
@@ -15,8 +18,6 @@ from alignedserve.bus.messages import (
     TokenBatch,
     TokenEntry,
 )
-from bus_helpers import eventually
-from raw_access import publish_raw, read_raw
 
 
 def prefill(i: int) -> PrefillRequest:

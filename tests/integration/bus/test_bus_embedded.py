@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from bus_helpers import eventually
+
 from alignedserve.bus import Delivery, connect_bus
 from alignedserve.bus.embedded import (
     BrokerError,
@@ -18,7 +20,6 @@ from alignedserve.bus.embedded import (
     start_redis,
 )
 from alignedserve.bus.messages import Cancel, Message
-from bus_helpers import eventually
 
 
 @pytest.fixture(autouse=True)

@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from bus_helpers import eventually
+from bus_procs import first_token, iterations, token_plan
+
 from alignedserve.bus import Bus, Delivery
 from alignedserve.bus.messages import Message, PrefillRequest, SamplingSpec, TokenBatch, TokenEntry
 from alignedserve.bus.token_stream import TokenStreams
-from bus_helpers import eventually
-from bus_procs import first_token, iterations, token_plan
 
 PROCS = Path(__file__).with_name("bus_procs.py")
 

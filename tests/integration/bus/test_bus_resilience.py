@@ -6,9 +6,10 @@ import asyncio
 import uuid
 
 import redis
+from bus_helpers import eventually
+
 from alignedserve.bus import Delivery, connect_bus
 from alignedserve.bus.messages import Cancel, Message
-from bus_helpers import eventually
 
 
 async def test_redis_consumer_resumes_after_the_broker_stalls_past_the_socket_timeout(redis_url: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from alignedserve_services.gateway.tokenizer import PromptTokenizer, load_prompt_tokenizer
 
 

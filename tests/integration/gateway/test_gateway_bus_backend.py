@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
+
 from alignedserve.bus import Bus, ConsumerOptions, Delivery, connect_bus, topics
 from alignedserve.bus.messages import (
     Cancel,

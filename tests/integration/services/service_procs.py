@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import redis.asyncio as aioredis
+
 from alignedserve.bus import Bus, ConsumerOptions, Delivery, connect_bus
 from alignedserve.bus.messages import Message
 

@@ -18,6 +18,8 @@ from typing import TypeVar
 import httpx
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
 from alignedserve.bus import Delivery, connect_bus, topics
 from alignedserve.bus.base import Bus
 from alignedserve.bus.messages import (
@@ -47,7 +49,6 @@ from alignedserve_services.common.kv_envelope import KvEnvelope
 from alignedserve_services.common.kv_store import KvStore, StoreSink
 from alignedserve_services.decode.config import DecodeSettings
 from alignedserve_services.decode.main import main, serve
-from transformers import LlamaConfig, LlamaForCausalLM
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator, Iterator
 import numpy as np
 import pytest
 import pytest_asyncio
+from service_procs import ServiceProcess, bus_at, db_url, eventually, fast_reads, flush_db, free_port
+
 from alignedserve.bus import topics
 from alignedserve.bus.messages import Cancel
 from alignedserve.transfer import KeyNotFound, PeerAddress, PushRejected, TransferEndpoint
-from service_procs import ServiceProcess, bus_at, db_url, eventually, fast_reads, flush_db, free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # one UCX context for the module: resets cost seconds
 DB = 12

@@ -22,6 +22,22 @@ import numpy as np
 import pytest
 import pytest_asyncio
 import torch
+from service_procs import (
+    Inbox,
+    ServiceProcess,
+    bus_at,
+    db_url,
+    eventually,
+    fast_reads,
+    flush_db,
+    free_port,
+    listening,
+)
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
 from alignedserve.bus import Bus, topics
 from alignedserve.bus.messages import (
     BatchPlan,
@@ -43,21 +59,6 @@ from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.sampling import SamplingParams
 from alignedserve.transfer import PeerAddress, PulledKV, TransferEndpoint
 from alignedserve_services.common.kv_envelope import KvEnvelope
-from service_procs import (
-    Inbox,
-    ServiceProcess,
-    bus_at,
-    db_url,
-    eventually,
-    fast_reads,
-    flush_db,
-    free_port,
-    listening,
-)
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import WhitespaceSplit
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # one UCX context for the module: resets cost seconds
 DB = 13

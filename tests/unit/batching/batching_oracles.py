@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from alignedserve.batching.types import BatchLimits, WaitingRequest, blocks_for
 from hypothesis import strategies as st
+
+from alignedserve.batching.types import BatchLimits, WaitingRequest, blocks_for
 
 BLOCK = 4  # tokens per block in these tests: small, so many block boundaries are crossed
 MAX_LEN = 256

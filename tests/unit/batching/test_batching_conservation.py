@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from batching_oracles import BLOCK, MAX_LEN
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from alignedserve.batching.policies import POLICY_NAMES, make_policy
 from alignedserve.batching.scheduler import next_token_blocks, plan_iteration
 from alignedserve.batching.types import (
@@ -15,9 +19,6 @@ from alignedserve.batching.types import (
     WaitingRequest,
     blocks_for,
 )
-from batching_oracles import BLOCK, MAX_LEN
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 CAPACITY = 40  # decode-worker KV blocks
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from batching_oracles import BLOCK, MAX_LEN, limits_strategy, oracle, pools, spread
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from alignedserve.batching.aligned import AlignedPolicy
 from alignedserve.batching.fcfs import FcfsPolicy
 from alignedserve.batching.policies import POLICY_NAMES, make_policy
@@ -10,9 +14,6 @@ from alignedserve.batching.quadtree import QuadTree
 from alignedserve.batching.search import density_first_search
 from alignedserve.batching.types import BatchLimits, BatchPolicy, WaitingRequest
 from alignedserve.batching.window import WindowPolicy
-from batching_oracles import BLOCK, MAX_LEN, limits_strategy, oracle, pools, spread
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 FAST = settings(max_examples=100, deadline=None)
 

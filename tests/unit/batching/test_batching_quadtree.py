@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from alignedserve.batching.quadtree import INF, QuadTree
-from alignedserve.batching.types import WaitingRequest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from alignedserve.batching.quadtree import INF, QuadTree
+from alignedserve.batching.types import WaitingRequest
 
 MAX_LEN, LEAF = 200, 4  # 50 leaves used of 64: a ragged right edge
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from alignedserve.batching.scheduler import next_token_blocks, plan_iteration
-from alignedserve.batching.types import IterationState, ScheduledRequest, blocks_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from alignedserve.batching.scheduler import next_token_blocks, plan_iteration
+from alignedserve.batching.types import IterationState, ScheduledRequest, blocks_for
 
 BS = 16
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from alignedserve.bus.base import ConsumerOptions, Delivery, Dispatcher, SeenIds
 from alignedserve.bus.messages import Cancel, Message, encode
 

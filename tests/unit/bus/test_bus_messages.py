@@ -6,6 +6,7 @@ import dataclasses
 
 import msgpack
 import pytest
+
 from alignedserve.bus import messages as m
 from alignedserve.bus.messages import (
     MESSAGE_TYPES,

@@ -6,10 +6,11 @@ import itertools
 import random
 
 import pytest
-from alignedserve.bus.messages import FinishReason, TokenBatch, TokenEntry
-from alignedserve.bus.token_stream import TokenStream, TokenStreams
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from alignedserve.bus.messages import FinishReason, TokenBatch, TokenEntry
+from alignedserve.bus.token_stream import TokenStream, TokenStreams
 
 
 def entry(first: int, tokens: list[int], finish: FinishReason | None = None) -> TokenEntry:

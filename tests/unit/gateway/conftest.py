@@ -7,12 +7,13 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from gateway_helpers import build_hf_tokenizer, build_tiny_engine, gateway_settings
+from transformers import PreTrainedTokenizerFast
+
 from alignedserve.engine.engine import LLMEngine
 from alignedserve_services.gateway.app import create_app
 from alignedserve_services.gateway.engine_backend import EngineBackend
 from alignedserve_services.gateway.tokenizer import PromptTokenizer
-from gateway_helpers import build_hf_tokenizer, build_tiny_engine, gateway_settings
-from transformers import PreTrainedTokenizerFast
 
 
 @pytest.fixture(scope="session")

@@ -6,13 +6,14 @@ import json
 from typing import Any
 
 import httpx
+from gateway_helpers import build_tiny_engine, gateway_settings
+from transformers import PreTrainedTokenizerFast
+
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.sampling import SamplingParams
 from alignedserve_services.common.drain import Drain
 from alignedserve_services.gateway.app import create_app
 from alignedserve_services.gateway.engine_backend import EngineBackend
-from gateway_helpers import build_tiny_engine, gateway_settings
-from transformers import PreTrainedTokenizerFast
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -12,14 +12,15 @@ from typing import ClassVar
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry, Counter
+from pydantic import Field
+
 from alignedserve_services.common.config import ConfigError, ServiceSettings, WorkerSettings
 from alignedserve_services.common.drain import Drain
 from alignedserve_services.common.http import HttpServer, ops_app
 from alignedserve_services.common.logs import configure_logging, get_logger, request_context
 from alignedserve_services.gateway.config import GatewaySettings
 from alignedserve_services.gateway.main import main as gateway_main
-from prometheus_client import CollectorRegistry, Counter
-from pydantic import Field
 
 
 class DemoSettings(ServiceSettings):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from alignedserve.engine.sampling import SamplingParams
 from alignedserve_services.gateway.backend import (
     BackendError,

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from alignedserve.kvcache.allocator import BlockAllocator, OutOfBlocks, blocks_for
 from hypothesis import given
 from hypothesis import strategies as st
+
+from alignedserve.kvcache.allocator import BlockAllocator, OutOfBlocks, blocks_for
 
 
 def test_blocks_for_rounds_up() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
 from alignedserve.kvcache.export import KvExport, KvFormatError, KvHeader, export_kv, import_kv
 

@@ -6,13 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
 from alignedserve_loadgen import bench_doc
 from alignedserve_loadgen.bench_runs import RunRow, RunScale, select_workloads, standard_workloads
 from alignedserve_loadgen.experiment import MODES, RunSet, mode_ratios, render_section, results_table
 from alignedserve_loadgen.peers import ALIGNEDSERVE, peers_table, versus_alignedserve
 from alignedserve_loadgen.scrape import counter_delta, decode_stats, parse_samples
 from alignedserve_loadgen.workload import build_specs
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # ---- sections ----
 

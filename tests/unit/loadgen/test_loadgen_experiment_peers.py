@@ -7,14 +7,16 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from alignedserve_loadgen import peer_servers
 from alignedserve_loadgen.peer_servers import (
-    LLAMA_CPP_CMAKE_ARGS,
     InstallError,
     InstallLog,
     LlamaCppPeer,
     PeerVenv,
     VllmCpuPeer,
+    cpu_flags,
+    llama_cpp_cmake_args,
     write_dist_info,
 )
 from alignedserve_loadgen.peers import make_peers
@@ -44,10 +46,15 @@ def test_install_steps_are_logged_and_failures_raise(tmp_path: Path) -> None:
     assert "broken step: FAILED with code 4" in text
 
 
-def test_llama_cpp_is_built_without_amx() -> None:
-    flags = LLAMA_CPP_CMAKE_ARGS.split()
-    assert "-DGGML_NATIVE=OFF" in flags and "-DGGML_AVX512=ON" in flags
+def test_llama_cpp_build_uses_only_this_cpus_isa_and_never_amx() -> None:
+    cpuinfo = (
+        "processor\t: 0\nflags\t\t: fpu avx avx2 fma f16c bmi2 avx512f avx512vbmi avx512_vnni amx_tile\n"
+    )
+    flags = llama_cpp_cmake_args(cpu_flags(cpuinfo)).split()
+    assert "-DGGML_NATIVE=OFF" in flags and "-DGGML_AVX512=ON" in flags and "-DGGML_AVX512_VNNI=ON" in flags
+    assert "-DGGML_AVX_VNNI=OFF" in flags and "-DGGML_AVX512_BF16=OFF" in flags  # absent: would fault
     assert {"-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"} <= set(flags)
+    assert "-DGGML_AVX2=OFF" in llama_cpp_cmake_args(cpu_flags("no flags line")).split()
 
 
 def test_peer_launch_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

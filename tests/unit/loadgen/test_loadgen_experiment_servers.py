@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from alignedserve_loadgen.bench_runs import RunScale, Target, row_from, run_workload, select_workloads
 from alignedserve_loadgen.experiment import MODES, RunSet, StackLaunch
 from alignedserve_loadgen.peers import ALIGNEDSERVE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 import torch
+
 from alignedserve.kvcache.export import KvFormatError, KvHeader
 from alignedserve_services.common.kv_envelope import EnvelopeError, KvEnvelope
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from alignedserve.transfer import KVRegistry, PushRejected
 from alignedserve_services.common.kv_store import KvStore, PoolFull, StoreSink, UnknownEntry
 

@@ -6,6 +6,7 @@ import dataclasses
 from collections import deque
 
 import pytest
+
 from alignedserve.bus.messages import FinishReason, PrefillRequest, SamplingSpec, TopLogprobs
 from alignedserve.engine.request import RequestOutput, TokenLogprob
 from alignedserve.engine.sampling import SamplingParams

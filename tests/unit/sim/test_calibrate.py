@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from alignedserve.sim.cli import main
 from alignedserve.sim.cost import Link
 from alignedserve.sim.cpu_model import CALIBRATION_PATH, load_cpu_model

@@ -6,6 +6,7 @@ import json
 from collections import Counter
 
 import pytest
+
 from alignedserve.batching.policies import make_policy
 from alignedserve.batching.scheduler import plan_iteration
 from alignedserve.sim.cli import main

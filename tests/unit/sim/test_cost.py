@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from alignedserve.sim.cost import (
     H100_SXM,
     LLAMA_7B,
