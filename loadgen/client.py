@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
+
 from alignedserve_loadgen import records
 from alignedserve_loadgen.records import RequestRecord
 from alignedserve_loadgen.sse import DONE, SseParser

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from alignedserve_loadgen.records import RequestRecord
 
 PERCENTILES = (90, 99)

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display in a container or CI job
 import matplotlib.pyplot as plt
+
 from alignedserve_loadgen.metrics import output_tokens_over_time, tpot_s
 from alignedserve_loadgen.records import RequestRecord
 

@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+from tqdm import tqdm
+
 from alignedserve.workloads import RequestSpec
 from alignedserve_loadgen.checks import LengthCheck, MismatchPolicy, warning_counts
 from alignedserve_loadgen.client import ClientSettings, send_request, v1_base
@@ -23,7 +25,6 @@ from alignedserve_loadgen.records import RequestRecord
 from alignedserve_loadgen.slo import GateMiss, GateTargets, RequestSlo, evaluate_gate
 from alignedserve_loadgen.tokenizer import tokenizer_for
 from alignedserve_loadgen.workload import ArrivalProcess, WorkloadConfig, build_specs, choose_arrivals
-from tqdm import tqdm
 
 
 @dataclass(frozen=True, slots=True)

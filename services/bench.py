@@ -1,13 +1,15 @@
 """Stack overhead benchmark: the decode worker service path against the bare engine, same batch.
 
-    alignedserve bench stack [--json] [--model smollm2] [--batch 32] [--prefix 512] [--iterations 32]
+    alignedserve bench stack [--json] [--model smollm2] [--batch 32] [--prefix 512] [--iterations 12]
+                             [--warmup 2] [--rounds 9] [--threads 1] [--tiny]
 
 One process, one loaded model, rounds alternating (engine, stack, engine, stack, ...) so that machine
 noise hits both sides alike. Every round decodes the same steady aligned batch: `--batch` requests whose
 KV holds `--prefix` tokens (one prompt prefilled once, its KV imported into every row), greedy,
 ignore_eos, `--warmup + --iterations + 1` decode iterations each.
 
-* engine: `LLMEngine.import_request` for every row, then `step()` in a loop, nothing else.
+* engine: `LLMEngine.import_request` for every row, then `step()` in a loop, nothing else (in a thread,
+  as the worker steps its engine, so the event loop keeps the bus connections alive meanwhile).
 * stack: the rows' KV pushed over UCX into a kvpool store behind its own transfer endpoint, a `BatchPlan`
   (prefetch off: locations = the pool) published on the real Redis bus, and the real `DecodeWorker` loop
   (WorkerRuntime: heartbeats, events, /metrics) pulling the KV over UCX at admission, decoding, and
@@ -18,7 +20,10 @@ tokens/s comes from the times at which each iteration's tokens are counted (the 
 worker's own `generation_tokens` counter), after admission and `--warmup` iterations. The scheduling +
 bus time per iteration is the worker's own `decode_scheduling_seconds` observation (outputs to messages,
 plan_iteration, status, hand-off to the ordered publisher), read as raw samples rather than buckets.
-`loop_overhead` is everything between two forwards: iteration period minus the engine step.
+`loop_overhead` is everything between two forwards: iteration period minus the engine step, and
+`stack_forward_share` the forwards' share of the stack loop's time: the ratio read inside the same
+iterations, immune to the machine's load changing between segments (but blind to a forward slowed by the
+worker's own concurrent work, which `ratio` does see).
 """
 
 from __future__ import annotations
@@ -113,6 +118,12 @@ def loop_overheads(marks: Sequence[Mark]) -> list[float]:
     return [b.at - a.at - b.step_s for a, b in itertools.pairwise(marks)]
 
 
+def forward_share(marks: Sequence[Mark]) -> float:
+    """Share of the loop's time spent in engine forwards (iterations 2..n): the stack-over-engine ratio
+    read inside the same iterations, so machine noise cancels (the bare loop's share is ~1)."""
+    return sum(m.step_s for m in marks[1:]) / (marks[-1].at - marks[0].at)
+
+
 def percentile(samples: Sequence[float], q: float) -> float:
     """Nearest-rank percentile, q in [0, 100]."""
     if not samples:
@@ -132,6 +143,9 @@ class RoundResult:
     loop_overhead_s: list[float]  # stack: iteration period minus engine step, steady iterations
     engine_loop_overhead_s: list[float]  # the same for the bare engine loop
     publish_s: list[float]  # broker round trips of one iteration's messages (off the critical path)
+    stack_forward_share: float  # forward_share of the stack's steady iterations
+    engine_step_s: list[float] = field(default_factory=list)  # bare engine forwards, steady iterations
+    stack_step_s: list[float] = field(default_factory=list)  # the worker's forwards, steady iterations
 
 
 def ms(seconds: float) -> float:
@@ -148,12 +162,17 @@ def report(rounds: Sequence[RoundResult], setup: dict[str, Any]) -> dict[str, An
     overhead = [s for r in rounds for s in r.loop_overhead_s]
     engine_overhead = [s for r in rounds for s in r.engine_loop_overhead_s]
     publish = [s for r in rounds for s in r.publish_s]
+    engine_steps = [s for r in rounds for s in r.engine_step_s]
+    stack_steps = [s for r in rounds for s in r.stack_step_s]
     return {
         "benchmark": "stack_overhead",
         **setup,
         "engine_tok_s": round(engine, 2),
         "stack_tok_s": round(stack, 2),
         "ratio": round(statistics.median(r.stack_tok_s / r.engine_tok_s for r in rounds), 4),
+        "stack_forward_share": round(statistics.median(r.stack_forward_share for r in rounds), 4),
+        "engine_step_p50_ms": ms(percentile(engine_steps, 50)) if engine_steps else None,
+        "stack_step_p50_ms": ms(percentile(stack_steps, 50)) if stack_steps else None,
         "sched_bus_p50_ms": ms(percentile(sched, 50)),
         "sched_bus_p99_ms": ms(percentile(sched, 99)),
         "sched_bus_max_ms": ms(max(sched)),
@@ -168,6 +187,7 @@ def report(rounds: Sequence[RoundResult], setup: dict[str, Any]) -> dict[str, An
                 "engine_tok_s": round(r.engine_tok_s, 2),
                 "stack_tok_s": round(r.stack_tok_s, 2),
                 "ratio": round(r.stack_tok_s / r.engine_tok_s, 4),
+                "stack_forward_share": round(r.stack_forward_share, 4),
                 "sched_bus_p99_ms": ms(percentile(r.sched_bus_s, 99)),
             }
             for r in rounds
@@ -320,6 +340,7 @@ class GatewaySide:
     expected_tokens: int
     tokens: dict[str, int] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)
+    errors: dict[str, str] = field(default_factory=dict)  # request id -> why the stack failed it
     waiting: set[str] = field(default_factory=set)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -333,13 +354,16 @@ class GatewaySide:
                 self.tokens[entry.request_id] = entry.first_index + len(entry.token_ids)
         elif isinstance(message, RequestFinished):
             if message.error:
-                raise RuntimeError(f"{message.request_id} failed in the stack: {message.error}")
+                self.errors[message.request_id] = message.error
             self.finished.add(message.request_id)
             if self.waiting <= self.finished:
                 self.done.set()
 
     def check(self, request_ids: Sequence[str]) -> None:
         """Every request got all its tokens: the stack did the same work as the engine."""
+        failed = {r: self.errors[r] for r in request_ids if r in self.errors}
+        if failed:
+            raise RuntimeError(f"requests failed in the stack: {failed}")
         short = {
             r: self.tokens.get(r, 0) for r in request_ids if self.tokens.get(r, 0) != self.expected_tokens
         }
@@ -506,6 +530,9 @@ async def one_round(
         loop_overhead_s=loop_overheads(stack_marks),
         engine_loop_overhead_s=loop_overheads(engine_marks),
         publish_s=results["stack"][2],
+        stack_forward_share=forward_share(stack_marks),
+        engine_step_s=[m.step_s for m in engine_marks],
+        stack_step_s=[m.step_s for m in stack_marks],
     )
 
 
@@ -518,14 +545,14 @@ def progress(args: argparse.Namespace, result: RoundResult, index: int) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="alignedserve bench stack", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--json", action="store_true", help="print only the JSON report (one line)")
+    parser.add_argument("--json", action="store_true", help="the JSON report on one line (default: indented)")
     parser.add_argument("--model", default="smollm2", help="model name or path (default: smollm2)")
     parser.add_argument("--tiny", action="store_true", help="a tiny random-weight Llama instead of --model")
     parser.add_argument("--batch", type=int, default=32, help="requests decoding at once")
     parser.add_argument("--prefix", type=int, default=512, help="prompt tokens of every request")
-    parser.add_argument("--iterations", type=int, default=32, help="timed decode iterations per round")
-    parser.add_argument("--warmup", type=int, default=4, help="untimed decode iterations per round")
-    parser.add_argument("--rounds", type=int, default=3, help="engine/stack pairs, alternating order")
+    parser.add_argument("--iterations", type=int, default=12, help="timed decode iterations per round")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed decode iterations per round")
+    parser.add_argument("--rounds", type=int, default=9, help="engine/stack pairs, alternating order")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (both sides)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--bus", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
@@ -542,6 +569,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0 or args.bus_db < 0:
         parser.error("--warmup and --bus-db must be >= 0")
+    try:
+        bench_bus_url(args.bus, args.bus_db)
+    except ValueError as exc:
+        parser.error(str(exc))
     # the prefill's first token, then warmup + iterations + 1 decode iterations (iterations rate gaps)
     args.max_tokens = 1 + args.warmup + args.iterations + 1
     return args

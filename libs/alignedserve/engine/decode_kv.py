@@ -167,10 +167,9 @@ class StagedKv:
         else:
             if new_kv is None:
                 raise ValueError("StagedKv needs the new tokens' K/V (new_kv) to append")
+            # Each row's new [kvh, d] K/V goes to its own position: buffer[row, :, position].
             rows, positions = step.row_index, step.positions
-            staged.keys[layer][rows, :, positions] = new_kv[0][
-                group.rows
-            ]  # [G, kvh, d] at each row's position
+            staged.keys[layer][rows, :, positions] = new_kv[0][group.rows]
             staged.values[layer][rows, :, positions] = new_kv[1][group.rows]
         return staged.keys[layer][:, :, :length], staged.values[layer][:, :, :length]
 

@@ -8,9 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from alignedserve.engine.loader import LoadedModel, load
 from engine_models import TINY_LLAMA, TINY_OPT, random_model
 from transformers import PreTrainedModel
+
+from alignedserve.engine.loader import LoadedModel, load
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -7,10 +7,11 @@ import os
 from collections.abc import Sequence
 
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM, PreTrainedModel
+
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.loader import LoadedModel
-from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM, PreTrainedModel
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

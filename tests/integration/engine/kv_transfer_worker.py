@@ -6,10 +6,11 @@ import os
 from multiprocessing.connection import Connection
 
 import torch
+from engine_models import TINY_OPT, random_model, tiny_engine
+
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.kvcache.export import KvExport, KvHeader
-from engine_models import TINY_OPT, random_model, tiny_engine
 
 
 def decode_imported(model_name: str, conn: Connection) -> None:

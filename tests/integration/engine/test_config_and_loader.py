@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_models import tiny_engine
+from transformers import PreTrainedModel
+
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.loader import LoadedModel, ModelLoadError, load, resolve
 from alignedserve.engine.sampling import SamplingParams
-from engine_models import tiny_engine
-from transformers import PreTrainedModel
 
 
 @pytest.mark.parametrize(

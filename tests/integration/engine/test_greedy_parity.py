@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from engine_models import hf_greedy, mixed_prompts, tiny_engine
+from transformers import PreTrainedModel
+
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.loader import LoadedModel
 from alignedserve.engine.sampling import SamplingParams
-from engine_models import hf_greedy, mixed_prompts, tiny_engine
-from transformers import PreTrainedModel
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
 

@@ -4,11 +4,12 @@ chosen tokens' log-probabilities match transformers' to 1e-4."""
 from __future__ import annotations
 
 import torch
+from engine_models import hf_greedy, mixed_prompts, tiny_engine
+from transformers import PreTrainedModel
+
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.request import RequestOutput
 from alignedserve.engine.sampling import SamplingParams
-from engine_models import hf_greedy, mixed_prompts, tiny_engine
-from transformers import PreTrainedModel
 
 
 def reference_logprobs(model: PreTrainedModel, prompt: list[int], output: list[int]) -> list[float]:

@@ -7,14 +7,15 @@ import multiprocessing
 
 import pytest
 import torch
+from engine_models import hf_greedy, mixed_prompts, tiny_engine
+from kv_transfer_worker import decode_imported
+from transformers import PreTrainedModel
+
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.loader import LoadedModel
 from alignedserve.engine.sampling import SamplingParams
 from alignedserve.kvcache.export import KvFormatError, KvHeader, checksum
-from engine_models import hf_greedy, mixed_prompts, tiny_engine
-from kv_transfer_worker import decode_imported
-from transformers import PreTrainedModel
 
 
 def transfer_and_decode(

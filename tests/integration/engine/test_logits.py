@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_models import mixed_prompts, tiny_engine
+from transformers import PreTrainedModel
+
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.loader import LoadedModel
 from alignedserve.engine.runner import DecodeRow, PrefillChunk
-from engine_models import mixed_prompts, tiny_engine
-from transformers import PreTrainedModel
 
 MAX_RELATIVE_ERROR = 1e-4
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import PeerProcess
 from transfer_peer import payload_bytes
+from transfer_procs import PeerProcess
 
 from alignedserve.transfer import (
     ChecksumMismatch,

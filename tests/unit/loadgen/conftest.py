@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 import uvicorn
-from alignedserve_loadgen.tokenizer import load_tokenizer
 from loadgen_wire_server import build_app
+
+from alignedserve_loadgen.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="session")

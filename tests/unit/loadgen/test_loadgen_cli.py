@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from alignedserve_loadgen.cli import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, main
 from alignedserve_loadgen.slo import EXIT_SLO_MISSED
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from alignedserve_loadgen.metrics import (
     Distribution,
     benchmark_duration_s,

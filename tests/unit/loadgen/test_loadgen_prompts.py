@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from alignedserve_loadgen.prompts import ChatFormat, CompletionsFormat, PromptBuilder, PromptLengthError
 
 LENGTHS = [1, 2, 3, 17, 31, 32, 33, 100, 999, 1000, 2500, 8000]
@@ -53,8 +54,9 @@ def test_a_tokenizer_without_chat_template_is_refused(smollm2: Any) -> None:
 def test_gguf_tokenizer_is_cached_as_a_plain_directory(
     smollm2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from alignedserve_loadgen.tokenizer import _load_gguf, packaged_gguf
     from transformers import AutoTokenizer
+
+    from alignedserve_loadgen.tokenizer import _load_gguf, packaged_gguf
 
     monkeypatch.setenv("ALIGNEDSERVE_CACHE_DIR", str(tmp_path))
     gguf = packaged_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from alignedserve_loadgen.metrics import summarize
 from alignedserve_loadgen.records import CONNECTION, RequestRecord
 from alignedserve_loadgen.slo import GateMiss, GateTargets, RequestSlo, evaluate_gate

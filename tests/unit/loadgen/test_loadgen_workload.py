@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from alignedserve.workloads import RequestSpec
 from alignedserve_loadgen.workload import (
     ClosedLoop,

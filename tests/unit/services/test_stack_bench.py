@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -12,6 +11,7 @@ from alignedserve_services.bench import (
     Mark,
     RoundResult,
     bench_bus_url,
+    forward_share,
     loop_overheads,
     main,
     parse_args,
@@ -41,6 +41,11 @@ def test_loop_overheads_are_period_minus_step() -> None:
     assert loop_overheads(marks) == pytest.approx([0.02, 0.02])
 
 
+def test_forward_share_is_step_time_over_period() -> None:
+    marks = [Mark(0.0, 4, 0.1), Mark(0.2, 4, 0.15), Mark(0.4, 4, 0.15)]
+    assert forward_share(marks) == pytest.approx(0.75)
+
+
 def test_percentile_is_nearest_rank() -> None:
     samples = [float(i) for i in range(1, 101)]
     assert percentile(samples, 50) == 50.0
@@ -55,17 +60,18 @@ def test_percentile_is_nearest_rank() -> None:
 
 def test_report_takes_medians_of_rounds_and_pools_samples() -> None:
     rounds = [
-        RoundResult(100.0, 90.0, [0.001, 0.002], [0.003], [0.0001], [0.004]),
-        RoundResult(120.0, 60.0, [0.004], [0.005], [0.0002], []),
-        RoundResult(110.0, 99.0, [0.003], [0.001], [0.0001], [0.002]),
+        RoundResult(100.0, 90.0, [0.001, 0.002], [0.003], [0.0001], [0.004], 0.99),
+        RoundResult(120.0, 60.0, [0.004], [0.005], [0.0002], [], 0.98),
+        RoundResult(110.0, 99.0, [0.003], [0.001], [0.0001], [0.002], 0.97),
     ]
     out = report(rounds, {"batch": 4})
     assert out["engine_tok_s"] == 110.0
     assert out["stack_tok_s"] == 90.0
     assert out["ratio"] == 0.9  # median of 0.9, 0.5, 0.9
-    assert out["sched_bus_p50_ms"] == 3.0  # pooled [1, 2, 4, 3] ms
+    assert out["sched_bus_p50_ms"] == 2.0  # pooled [1, 2, 4, 3] ms: nearest rank 2 of 4
     assert out["sched_bus_p99_ms"] == 4.0
     assert out["sched_bus_samples"] == 4
+    assert out["stack_forward_share"] == 0.98
     assert out["batch"] == 4
     assert len(out["rounds"]) == 3
     with pytest.raises(ValueError):
@@ -88,12 +94,16 @@ def test_parse_args_rejects_bad_sizes_and_derives_max_tokens() -> None:
         parse_args(["--batch", "0"])
     with pytest.raises(SystemExit):
         parse_args(["--warmup", "-1"])
+    with pytest.raises(SystemExit):
+        parse_args(["--bus", "kafka://127.0.0.1:9092"])
 
 
-def test_tiny_run_prints_the_report(capsys: pytest.CaptureFixture[str]) -> None:
-    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+TEST_DB = 15  # not the bench's own database: a test run never flushes a benchmark that is running
+
+
+def test_tiny_run_prints_the_report(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--json", "--tiny", "--batch", "3", "--prefix", "20", "--iterations", "3", "--warmup", "1",
-            "--rounds", "1", "--block-size", "4", "--bus", redis_url]  # fmt: skip
+            "--rounds", "1", "--block-size", "4", "--bus", redis_url, "--bus-db", str(TEST_DB)]  # fmt: skip
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["model"] == "tiny-llama"
@@ -102,4 +112,5 @@ def test_tiny_run_prints_the_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["ratio"] == pytest.approx(out["stack_tok_s"] / out["engine_tok_s"], rel=1e-3)
     # every stack iteration observed its scheduling + bus time: warmup + iterations + 1 decode steps
     assert out["sched_bus_samples"] == 1 + 3 + 1
+    assert 0 < out["stack_forward_share"] <= 1
     assert 0 < out["sched_bus_p50_ms"] <= out["sched_bus_p99_ms"] <= out["sched_bus_max_ms"]

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from alignedserve.engine.sampling import SamplingParams
-from alignedserve.kvcache.export import KvExport, KvHeader
 from engine_models import hf_greedy, mixed_prompts, tiny_engine
 from transformers import PreTrainedModel
+
+from alignedserve.engine.sampling import SamplingParams
+from alignedserve.kvcache.export import KvExport, KvHeader
 
 pytestmark = [
     pytest.mark.gpu,

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import PeerProcess
 from transfer_peer import payload_bytes
+from transfer_procs import PeerProcess
 
 from alignedserve.transfer import RetryPolicy, TransferClient
 
