@@ -48,6 +48,8 @@ bench: setup
 	$(BIN)/alignedserve bench batching --json
 	$(BIN)/alignedserve bench engine --json
 	$(BIN)/alignedserve bench transfer --json
+	$(BIN)/alignedserve bench bus --json
+	$(BIN)/alignedserve bench stack --json
 
 bench-e2e: setup redis
 	$(BIN)/python -m alignedserve_loadgen.experiment --out docs/benchmarks.md
