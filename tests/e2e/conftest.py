@@ -18,7 +18,9 @@ def _dedicated_db(url: str, db: int) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, ""))
 
 
-@pytest.fixture(scope="session")
+# module scope: the stacks (5 model-holding processes) stop before other test folders run, so their
+# memory is freed and their heartbeats never reach tests sharing the session's Kafka broker
+@pytest.fixture(scope="module")
 def redis_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     url = _dedicated_db(redis_url, E2E_REDIS_DB)
     redis.Redis.from_url(url).flushdb()
@@ -27,7 +29,7 @@ def redis_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     stack.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kafka_stack(kafka_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack = start_stack(kafka_url, Path(tmp_path_factory.mktemp("stack-kafka")), prefill=1, decode=1)
     yield stack
