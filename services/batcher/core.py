@@ -11,7 +11,6 @@ import itertools
 from dataclasses import dataclass, field
 
 from alignedserve.batching.types import BatchLimits, BatchPolicy, WaitingRequest
-from alignedserve.bus.base import SeenIds
 from alignedserve.bus.messages import (
     BatchPlan,
     CandidateBuffer,
@@ -22,6 +21,7 @@ from alignedserve.bus.messages import (
     RequestEvicted,
     RequestState,
 )
+from alignedserve.bus.seen import SeenIds
 
 PLANNED_MEMORY = 200_000  # request ids remembered after planning, to drop a late duplicate KvReady
 

@@ -15,7 +15,6 @@ from typing import Protocol
 
 from alignedserve.batching.types import IterationState, ScheduledRequest, blocks_for
 from alignedserve.bus import topics
-from alignedserve.bus.base import SeenIds
 from alignedserve.bus.messages import (
     BatchPlan,
     CandidateBuffer,
@@ -31,6 +30,7 @@ from alignedserve.bus.messages import (
     TokenEntry,
     TopLogprobs,
 )
+from alignedserve.bus.seen import SeenIds
 
 GONE_MEMORY = 200_000  # finished / cancelled request ids remembered, so a late plan cannot revive one
 RECENT_TOKENS = 32  # RequestState.recent_token_ids holds at most this many

@@ -116,8 +116,8 @@ def chat_response(
     return ChatCompletionResponse(id=request_id, model=model, choices=[choice], usage=usage)
 
 
-class CompletionStreamRenderer:
-    """SSE events of one /v1/completions stream."""
+class _StreamRenderer:
+    """What both streams share: the response identity, usage accounting, and which chunks say nothing."""
 
     def __init__(
         self,
@@ -134,14 +134,28 @@ class CompletionStreamRenderer:
         self._want_logprobs = want_logprobs
         self._continuous_usage = continuous_usage
         self._tokenizer = tokenizer
+
+    def _silent(self, chunk: OutputChunk) -> bool:
+        """Tokens that completed no character yet, with no finish and no logprobs to report."""
+        return not chunk.text and chunk.finish_reason is None and not (self._want_logprobs and chunk.logprobs)
+
+    def _running_usage(self, completion_tokens: int) -> UsageInfo | None:
+        return UsageInfo.of(self._prompt_tokens, completion_tokens) if self._continuous_usage else None
+
+
+class CompletionStreamRenderer(_StreamRenderer):
+    """SSE events of one /v1/completions stream."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._text_offset = 0
 
     def start(self) -> list[str]:
         return []
 
     def chunk(self, chunk: OutputChunk) -> list[str]:
-        if not chunk.text and chunk.finish_reason is None and not (self._want_logprobs and chunk.logprobs):
-            return []  # tokens that completed no character yet
+        if self._silent(chunk):
+            return []
         logprobs = None
         if self._want_logprobs:
             logprobs = completion_logprobs(chunk.logprobs, self._tokenizer, self._text_offset)
@@ -149,7 +163,7 @@ class CompletionStreamRenderer:
         choice = CompletionChoice(
             text=chunk.text, logprobs=logprobs, finish_reason=_finish(chunk), stop_reason=chunk.stop_reason
         )
-        usage = UsageInfo.of(self._prompt_tokens, chunk.num_output_tokens) if self._continuous_usage else None
+        usage = self._running_usage(chunk.num_output_tokens)
         body = CompletionChunk(
             id=self._id, model=self._model, created=self._created, choices=[choice], usage=usage
         )
@@ -161,27 +175,11 @@ class CompletionStreamRenderer:
         return sse(body.model_dump())
 
 
-class ChatStreamRenderer:
+class ChatStreamRenderer(_StreamRenderer):
     """SSE events of one /v1/chat/completions stream: a role chunk, content chunks, the finish chunk."""
 
-    def __init__(
-        self,
-        request_id: str,
-        model: str,
-        created: int,
-        prompt_tokens: int,
-        want_logprobs: bool,
-        continuous_usage: bool,
-        tokenizer: PromptTokenizer,
-    ) -> None:
-        self._id, self._model, self._created = request_id, model, created
-        self._prompt_tokens = prompt_tokens
-        self._want_logprobs = want_logprobs
-        self._continuous_usage = continuous_usage
-        self._tokenizer = tokenizer
-
     def _event(self, choice: ChatStreamChoice, completion_tokens: int) -> str:
-        usage = UsageInfo.of(self._prompt_tokens, completion_tokens) if self._continuous_usage else None
+        usage = self._running_usage(completion_tokens)
         return sse(
             ChatCompletionChunk(
                 id=self._id, model=self._model, created=self._created, choices=[choice], usage=usage
@@ -192,7 +190,7 @@ class ChatStreamRenderer:
         return [self._event(ChatStreamChoice(delta=DeltaMessage(role="assistant", content="")), 0)]
 
     def chunk(self, chunk: OutputChunk) -> list[str]:
-        if not chunk.text and chunk.finish_reason is None and not (self._want_logprobs and chunk.logprobs):
+        if self._silent(chunk):
             return []
         logprobs = chat_logprobs(chunk.logprobs, self._tokenizer) if self._want_logprobs else None
         delta = DeltaMessage(content=chunk.text) if chunk.text else DeltaMessage()

@@ -8,10 +8,10 @@ from alignedserve.bus.base import (
     ConsumerOptions,
     Delivery,
     Handler,
-    SeenIds,
     Subscription,
 )
 from alignedserve.bus.factory import connect_bus, make_bus
+from alignedserve.bus.seen import SeenIds
 
 __all__ = [
     "Bus",

@@ -18,13 +18,13 @@ import abc
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, Protocol, Self
 
 from alignedserve.bus.messages import Message, MessageError, decode
+from alignedserve.bus.seen import SeenIds
 
 log = logging.getLogger("alignedserve.bus")
 
@@ -50,33 +50,6 @@ class ConsumerOptions:
     start: Literal["earliest", "latest"] = "earliest"  # where a new group starts reading
     dedup_capacity: int = 100_000  # message ids remembered per subscription (0: no de-dup)
     drain_timeout_s: float = 10.0  # stop(): how long an in-flight handler may take to finish
-
-
-class SeenIds:
-    """A set of the most recent `capacity` ids: membership is O(1), memory is bounded."""
-
-    def __init__(self, capacity: int) -> None:
-        if capacity < 0:
-            raise ValueError(f"capacity must be >= 0, got {capacity}")
-        self.capacity = capacity
-        self._ids: OrderedDict[str, None] = OrderedDict()
-
-    def __contains__(self, message_id: object) -> bool:
-        return message_id in self._ids
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def discard(self, message_id: str) -> None:
-        self._ids.pop(message_id, None)
-
-    def add(self, message_id: str) -> None:
-        if self.capacity == 0:
-            return
-        self._ids[message_id] = None
-        self._ids.move_to_end(message_id)
-        if len(self._ids) > self.capacity:
-            self._ids.popitem(last=False)
 
 
 @dataclass(slots=True)
