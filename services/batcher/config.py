@@ -33,7 +33,11 @@ class BatcherSettings(WorkerSettings):
     max_len: int = Field(32768, ge=16, description="quad-tree range: longest prefix the pool indexes")
     block_size: int = Field(16, ge=1, description="KV block size in tokens (quad-tree leaf width)")
     range_slack: int = Field(64, ge=0, description="tokens above a running batch's range still prefetched")
-    worker_timeout_s: float = Field(10.0, gt=0, description="a prefill worker is staged on while it beats")
+    worker_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a prefill worker is staged on, and a decode worker planned for, while it beats",
+    )
 
     @model_validator(mode="after")
     def _batch_bounds(self) -> BatcherSettings:

@@ -23,7 +23,9 @@ from alignedserve.bus.messages import (
 )
 from alignedserve.bus.seen import SeenIds
 
-PLANNED_MEMORY = 200_000  # request ids remembered after planning, to drop a late duplicate KvReady
+# request ids remembered after planning (or ending), to drop a late duplicate KvReady: a redelivered one,
+# or one the kvpool re-announces to a restarted batcher
+PLANNED_MEMORY = 200_000
 
 
 @dataclass(frozen=True)
@@ -92,10 +94,12 @@ class BatcherCore:
         return self.dispatch(now)
 
     def on_request_gone(self, request_id: str) -> None:
-        """Cancelled or finished elsewhere: forget it if it is still waiting here."""
+        """Cancelled or finished elsewhere: forget it if it is still waiting here, and take no late
+        announcement of it (the kvpool may have re-announced it just before it heard of the end)."""
         if request_id in self.policy:
             self.policy.remove(request_id)
         self._entries.pop(request_id, None)
+        self._planned_ids.add(request_id)
 
     def set_staging_workers(self, worker_ids: list[str]) -> None:
         self._staging = sorted(worker_ids)
@@ -176,7 +180,7 @@ class BatcherCore:
 
     def _add(self, request_id: str, prefix_len: int, blocks: int, arrival: float, entry: _Entry) -> None:
         if request_id in self.policy or request_id in self._planned_ids:
-            return  # a redelivered KvReady: already waiting, or already sent to a decode worker
+            return  # a redelivered or re-announced KvReady: already waiting, planned, or over
         self.policy.add(WaitingRequest(request_id, prefix_len, blocks, arrival))
         self._entries[request_id] = entry
 

@@ -3,6 +3,9 @@
 Reads the batcher topic (KvReady, DecodeStatus, RequestEvicted back to the pool) and the events topic
 (Cancel, RequestFinished, heartbeats of prefill workers to stage on); publishes each BatchPlan to its
 staging prefill worker (prefetch on) and, as a notice, to its decode worker.
+
+Each plan also goes on the batcher topic itself, first: the kvpool reads it there and stops offering
+those requests (it re-announces the unplanned ones when a batcher restarts; this batcher ignores it).
 """
 
 from __future__ import annotations
@@ -61,19 +64,23 @@ class Batcher:
         self.metrics = metrics
         self.core = build_core(settings)
         self._prefill_seen: dict[str, float] = {}  # prefill worker id -> monotonic time of last READY beat
+        self._decode_seen: dict[str, float] = {}  # decode worker id -> monotonic time of its last beat
 
     async def on_batcher_topic(self, message: Message, _delivery: Delivery) -> None:
         started = time.perf_counter()
         now = time.time()
         if isinstance(message, KvReady):
+            self._refresh_staging()  # plans go to live workers only
             plans = self.core.on_kv_ready(message, now)
         elif isinstance(message, DecodeStatus):
             self._refresh_staging()
             plans = self.core.on_status(message, now)
         elif isinstance(message, RequestEvicted) and message.to is None:
+            self._refresh_staging()
             plans = self.core.on_evicted_to_pool(message, now)
         else:
-            return  # PrefetchDone, CandidateBufferState: the decode worker's status already reflects them
+            return  # PrefetchDone, CandidateBufferState: the decode worker's status already reflects them;
+            # BatchPlan: our own, for the kvpool
         self.metrics.decide_seconds.observe(time.perf_counter() - started)
         self.metrics.waiting.set(self.core.waiting)
         await self._publish(plans)
@@ -91,13 +98,22 @@ class Batcher:
             else:
                 self._prefill_seen.pop(beat.worker_id, None)
             self._refresh_staging()
-        elif beat.kind is ServiceKind.DECODE and beat.state in (WorkerState.DRAINING, WorkerState.STOPPED):
-            self.core.forget_worker(beat.worker_id)
+        elif beat.kind is ServiceKind.DECODE:
+            if beat.state in (WorkerState.DRAINING, WorkerState.STOPPED):
+                self._decode_seen.pop(beat.worker_id, None)
+                self.core.forget_worker(beat.worker_id)
+            else:
+                self._decode_seen[beat.worker_id] = time.monotonic()
 
     def _refresh_staging(self) -> None:
         horizon = time.monotonic() - self.settings.worker_timeout_s
         live = [w for w, seen in self._prefill_seen.items() if seen >= horizon]
         self.core.set_staging_workers(live)
+        for worker_id in [w for w, seen in self._decode_seen.items() if seen < horizon]:
+            # killed without a STOPPED beat: plan nothing more for it (its gateway moves its requests)
+            log.warning("decode_worker_silent", worker_id=worker_id)
+            del self._decode_seen[worker_id]
+            self.core.forget_worker(worker_id)
 
     async def _publish(self, plans: list[BatchPlan]) -> None:
         for plan in plans:
@@ -115,6 +131,9 @@ class Batcher:
                 prefix_lo=min(lengths),
                 prefix_hi=max(lengths),
             )
+            # The kvpool's copy first: were it sent last, a crash just before it would let the pool offer
+            # these requests to the next batcher while their plan is out (two plans, one pull fails).
+            await self.runtime.bus.publish(topics.BATCHER, plan)
             if plan.staging_worker_id:
                 await self.runtime.bus.publish(topics.staging(plan.staging_worker_id), plan)
             await self.runtime.bus.publish(topics.decode(plan.decode_worker_id), plan)

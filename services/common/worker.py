@@ -2,7 +2,8 @@
 
 `WorkerRuntime` connects the bus, serves /health, /ready and /metrics, publishes a `WorkerHeartbeat`
 every `HEARTBEAT_S` on the events topic (the first one registers the worker; it carries the UCX address
-of a worker that holds KV), reads the events topic in a consumer group of its own, and drains on SIGTERM:
+of a worker that holds KV, and the KV bytes it holds when the service set `kv_usage`), reads the events
+topic in a consumer group of its own, and drains on SIGTERM:
 /ready turns 503, the heartbeat says DRAINING, subscriptions finish their message in hand, in-flight work
 (`drain.track()`) completes, then everything closes.
 """
@@ -27,6 +28,7 @@ HEARTBEAT_S = 1.0
 log = get_logger(__name__)
 
 EventHandler = Callable[[Message], Awaitable[None]]
+KvUsage = Callable[[], tuple[int, int]]  # -> (KV bytes held now, KV byte budget)
 
 
 class WorkerRuntime:
@@ -37,6 +39,7 @@ class WorkerRuntime:
         self.registry = registry
         self.drain = Drain(settings.drain_timeout_s)
         self.ucx_address = b""
+        self.kv_usage: KvUsage | None = None  # read at every beat (kvpool: its store's bytes)
         self._ready = False
         self._bus: Bus | None = None
         self._server: HttpServer | None = None
@@ -138,6 +141,7 @@ class WorkerRuntime:
 
     async def _beat(self, state: WorkerState) -> None:
         self._seq += 1
+        used, capacity = self.kv_usage() if self.kv_usage is not None else (0, 0)
         beat = WorkerHeartbeat(
             kind=self.kind,
             worker_id=self.worker_id,
@@ -146,5 +150,7 @@ class WorkerRuntime:
             ucx_address=self.ucx_address,
             http_url=self._server.url if self._server is not None else "",
             started_at=self._started_at,
+            kv_used_bytes=used,
+            kv_capacity_bytes=capacity,
         )
         await self.bus.publish(topics.EVENTS, beat)

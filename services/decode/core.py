@@ -2,8 +2,9 @@
 
 It holds the two candidate buffers as this worker sees them (the candidate batch and the candidate
 requests: planned ones, and evicted ones), what it knows of every running request (batch id, gateway,
-sampling), and turns engine outputs into one `TokenBatch` per gateway per iteration. No torch, no I/O,
-no clocks: the worker applies the engine side (import, export, abort) and publishes what comes back.
+sampling), and turns engine outputs into one `TokenBatch` per gateway per iteration. A request whose KV
+is lost here is not failed: `lose` tells its gateway (`RequestLost`), which re-prefills it. No torch, no
+I/O, no clocks: the worker applies the engine side (import, export, abort) and publishes what comes back.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from alignedserve.bus.messages import (
     PrefetchDone,
     RequestEvicted,
     RequestFinished,
+    RequestLost,
     RequestState,
     TokenBatch,
     TokenEntry,
@@ -136,9 +138,10 @@ class DecodeCore:
 
     # --- inputs ----------------------------------------------------------------------------------------
 
-    def on_plan(self, plan: BatchPlan) -> None:
+    def on_plan(self, plan: BatchPlan) -> list[Publish]:
+        """Take the plan's requests as candidates; what a PrefetchDone that overtook it says comes back."""
         if plan.decode_worker_id != self.worker_id or str(plan.batch_id) in self._plans:
-            return
+            return []
         self._plans.add(str(plan.batch_id))
         self.latest_batch_id = max(self.latest_batch_id, plan.batch_id)
         buffer = self._batch if plan.buffer is CandidateBuffer.BATCH else self._requests
@@ -158,11 +161,10 @@ class DecodeCore:
                 location=None if plan.staging_worker_id else planned.location,  # prefetch off: in the pool
             )
         early = self._early.pop(plan.batch_id, None)
-        if early is not None:
-            self.on_prefetch_done(early)
+        return [] if early is None else self.on_prefetch_done(early)
 
     def on_prefetch_done(self, done: PrefetchDone) -> list[Publish]:
-        """Mark staged candidates ready; the failed ones end with an error (their KV is lost)."""
+        """Mark staged candidates ready; the failed ones are lost (their gateways re-prefill them)."""
         if done.decode_worker_id != self.worker_id:
             return []
         if str(done.batch_id) not in self._plans:
@@ -179,7 +181,7 @@ class DecodeCore:
                     candidate.location = done.location
         out: list[Publish] = []
         for rid in failed:
-            out += self.fail(rid, f"staging worker {done.staging_worker_id} could not fetch its KV")
+            out += self.lose(rid, f"staging worker {done.staging_worker_id} could not stage its KV")
         return out
 
     def on_gone(self, request_id: str) -> None:
@@ -311,13 +313,20 @@ class DecodeCore:
         )
         return [(topics.BATCHER, message)]
 
+    def lose(self, request_id: str, reason: str) -> list[Publish]:
+        """The request's KV is gone (a pull or import failed, no room, nobody took it at drain): forget
+        it here and tell its gateway (`RequestLost`), which re-prefills it under a new id from its prompt
+        and the tokens already released; its Cancel of this id frees the KV left anywhere."""
+        state = self._drop(request_id)
+        if state is None or request_id in self._gone:
+            return []
+        self._gone.add(request_id)  # a late plan cannot revive it: it lives on under another id
+        return [(topics.EVENTS, RequestLost(request_id=request_id, worker_id=self.worker_id, reason=reason))]
+
     def fail(self, request_id: str, error: str) -> list[Publish]:
-        """The request cannot go on here (KV lost or unusable): the client gets an error, all free it."""
-        candidate = self.candidate(request_id)
-        meta = self._running.pop(request_id, None)
-        state = candidate.state if candidate is not None else meta.state if meta is not None else None
-        self._batch.pop(request_id, None)
-        self._requests.pop(request_id, None)
+        """The request can never run (e.g. its sampling or length is refused): the client gets an error,
+        everyone frees it. A lost KV is not a failure: see `lose`."""
+        state = self._drop(request_id)
         if state is None or request_id in self._gone:
             return []
         self._gone.add(request_id)
@@ -424,6 +433,14 @@ class DecodeCore:
             for c in candidates
             if c.ready
         )
+
+    def _drop(self, request_id: str) -> RequestState | None:
+        """Forget a candidate or running request; its state (None: unknown here)."""
+        candidate = self.candidate(request_id)
+        meta = self._running.pop(request_id, None)
+        self._batch.pop(request_id, None)
+        self._requests.pop(request_id, None)
+        return candidate.state if candidate is not None else meta.state if meta is not None else None
 
     def _pop_candidate(self, request_id: str) -> Candidate:
         candidate = self._requests.pop(request_id, None) or self._batch.pop(request_id, None)

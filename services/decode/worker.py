@@ -5,6 +5,8 @@ published (one TokenBatch per gateway, RequestFinished for the finished), then `
 engine's running requests and the ready candidates: victims are exported and pushed to their staging
 worker's candidate request buffer (the kvpool when there is none) and freed; admitted requests' KV is
 taken from the host prefetcher (or pulled now) and imported. Then a DecodeStatus for the batcher.
+A request whose KV is lost here (a pull or import failed, no room at admission, nobody took it at
+drain) is forgotten and reported with `RequestLost`: its gateway re-prefills it, the client loses nothing.
 
 Only this loop touches the engine; bus handlers only change the core and wake the loop.
 """
@@ -50,7 +52,8 @@ log = get_logger("alignedserve.decode")
 
 DRAIN_DECODE_SHARE = 0.7  # of drain_timeout_s spent finishing running requests; the rest hands them back
 PUBLISH_FLUSH_S = 5.0  # at exit, how long queued messages may take to reach the broker
-IMPORT_ERRORS = (RequestError, KvFormatError, EnvelopeError, ValueError)
+KV_ERRORS = (KvFormatError, EnvelopeError)  # the KV itself is unusable: lost, re-prefilled
+REFUSED_ERRORS = (RequestError, ValueError)  # the request can never run (too long, bad sampling): failed
 
 
 def sampling_params(spec: SamplingSpec) -> SamplingParams:
@@ -102,13 +105,17 @@ class DecodeWorker:
 
     async def on_decode_topic(self, message: Message, _delivery: Delivery) -> None:
         if isinstance(message, BatchPlan):
-            self.core.on_plan(message)
+            self._publish(self.core.on_plan(message))  # RequestLost of an overtaking failed PrefetchDone
             for planned in message.requests:
                 self._learn_pool(planned.location)
             log.info("plan_received", batch_id=message.batch_id, buffer=message.buffer.value,
                      size=len(message.requests), staging=message.staging_worker_id)  # fmt: skip
         elif isinstance(message, PrefetchDone):
-            self._publish(self.core.on_prefetch_done(message))
+            lost = self.core.on_prefetch_done(message)
+            if lost:
+                log.warning("prefetch_failed", batch_id=message.batch_id, lost=len(lost),
+                            staging=message.staging_worker_id)  # fmt: skip
+            self._publish(lost)
         self._wake.set()
 
     async def on_event(self, message: Message) -> None:
@@ -180,7 +187,7 @@ class DecodeWorker:
             await self._evict_one(info.request_id, back_to_pool=True)
         for rid in self.core.running_ids:  # left the engine otherwise (e.g. preempted, waiting there)
             self.engine.free(rid)
-            self._publish(self.core.fail(rid, "decode worker stopped before the request finished"))
+            self._lose(rid, "decode worker stopped before the request finished")
         self._publish_status()
 
     # --- steps ----------------------------------------------------------------------------------------
@@ -230,7 +237,7 @@ class DecodeWorker:
         if location is None:
             if back_to_pool:
                 self.engine.free(rid)
-                self._publish(self.core.fail(rid, "decode worker drained and no kvpool took the KV"))
+                self._lose(rid, "decode worker drained and no kvpool took the KV")
             return
         self.engine.free(rid)
         to = None if back_to_pool else CandidateBuffer.REQUESTS
@@ -266,7 +273,7 @@ class DecodeWorker:
             if not isinstance(result, TransferError | EnvelopeError):
                 raise result
             log.warning("kv_pull_failed", request_id=rid, error=str(result))
-            self._publish(self.core.fail(rid, f"KV pull failed: {result}"))
+            self._lose(rid, f"KV pull failed: {result}")
             return
         envelope = result.envelope
         try:
@@ -278,12 +285,16 @@ class DecodeWorker:
                 sampling_params(candidate.state.sampling),
             )
         except OutOfBlocks:
-            log.warning("admission_without_room", request_id=rid)  # its KV is lost: re-prefill later
-            self._publish(self.core.fail(rid, "no KV room at admission"))
+            log.warning("admission_without_room", request_id=rid)  # its pulled KV has nowhere to go
+            self._lose(rid, "no KV room at admission")
             return
-        except IMPORT_ERRORS as exc:
+        except KV_ERRORS as exc:
             log.warning("kv_import_failed", request_id=rid, error=str(exc))
-            self._publish(self.core.fail(rid, f"KV import failed: {exc}"))
+            self._lose(rid, f"KV import failed: {exc}")
+            return
+        except REFUSED_ERRORS as exc:
+            log.warning("request_refused", request_id=rid, error=str(exc))
+            self._publish(self.core.fail(rid, f"request refused: {exc}"))
             return
         self.core.admitted(rid)
         self.metrics.admitted.labels(source or "requests").inc()
@@ -296,11 +307,11 @@ class DecodeWorker:
             try:
                 staged = await self.prefetcher.take(candidate)
             except (TransferError, EnvelopeError) as exc:
-                self._publish(self.core.fail(candidate.request_id, f"KV pull failed: {exc}"))
+                self._lose(candidate.request_id, f"KV pull failed: {exc}")
                 return
             pushed = await self._push(candidate.request_id, staged.envelope, staged.export(), None)
             if pushed is None:
-                self._publish(self.core.fail(candidate.request_id, "no kvpool took the KV at drain"))
+                self._lose(candidate.request_id, "no kvpool took the KV at drain")
                 return
             location = pushed
         self._publish(self.core.returned(candidate.request_id, location))
@@ -309,6 +320,12 @@ class DecodeWorker:
 
     def _publish(self, messages: Sequence[Publish]) -> None:
         self.publisher.submit(messages)
+
+    def _lose(self, rid: str, reason: str) -> None:
+        """Forget a request whose KV is gone; its gateway re-prefills it (`RequestLost`)."""
+        log.warning("request_lost", request_id=rid, reason=reason)
+        self.prefetcher.discard(rid)
+        self._publish(self.core.lose(rid, reason))
 
     def _publish_status(self) -> None:
         running = self.engine.running_requests()

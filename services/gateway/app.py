@@ -125,7 +125,8 @@ def create_app(
     drain: Drain | None = None,
 ) -> FastAPI:
     """The gateway app. The caller starts and closes `backend` (see main.py); the app only uses it."""
-    metrics = GatewayMetrics(settings.model_name, backend.stats, settings.throughput_window_s)
+    migrations = getattr(backend, "migration_counts", None)  # only the bus backend migrates requests
+    metrics = GatewayMetrics(settings.model_name, backend.stats, settings.throughput_window_s, migrations)
     drain = drain or Drain(settings.drain_timeout_s)
     gauge = metrics.in_flight.labels(settings.model_name)
     admission = Admission(settings.max_inflight, settings.retry_after_s, drain, gauge)

@@ -68,7 +68,7 @@ class BackendStats:
 
     num_requests_running: int = 0
     num_requests_waiting: int = 0
-    kv_pool_usage: float = 0.0  # host KV pool blocks in use / capacity
+    kv_pool_usage: float = 0.0  # host KV pool bytes held / budget (all live kvpools)
     decode_kv_usage: float = 0.0  # decode-side KV blocks in use / capacity (all decode workers)
     extra: dict[str, float] = field(default_factory=dict)
 

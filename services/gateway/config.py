@@ -40,6 +40,12 @@ class GatewaySettings(ServiceSettings):
     worker_timeout_s: float = Field(
         15.0, gt=0, description="bus backend: a worker counts as alive this long after its last heartbeat"
     )
+    max_migrations: int = Field(
+        3,
+        ge=0,
+        description="bus backend: times a request whose KV or worker is lost is re-prefilled (from its "
+        "prompt and the tokens already sent) before it fails",
+    )
     max_inflight: int = Field(
         256, ge=1, description="requests admitted at once; beyond that the API answers 429 with Retry-After"
     )

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from alignedserve_services.gateway.backend import BackendStats
@@ -84,7 +84,13 @@ _LENGTH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 
 class GatewayMetrics:
     """All gateway metrics in their own registry (several apps can live in one test process)."""
 
-    def __init__(self, model_name: str, stats: Callable[[], BackendStats], window_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        stats: Callable[[], BackendStats],
+        window_s: float = 10.0,
+        migrations: Callable[[], Mapping[str, int]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         r = self.registry
@@ -133,6 +139,8 @@ class GatewayMetrics:
         self.model_name = model_name
         self.throughput = _ThroughputWindow(window_s)
         r.register(_BackendCollector(model_name, stats, self.throughput))
+        if migrations is not None:
+            r.register(_MigrationCollector(model_name, migrations))
 
     def record_rejection(self, status: int) -> None:
         self.rejected.labels(self.model_name, str(status)).inc()
@@ -240,3 +248,22 @@ class _BackendCollector(Collector):
             family = GaugeMetricFamily(f"alignedserve:{name}", doc, labels=["model_name"])
             family.add_metric([self._model], float(value))
             yield family
+
+
+class _MigrationCollector(Collector):
+    """`request_migrations_total{reason}`, read at scrape time from the backend's own count of requests
+    it re-prefilled after their KV or worker was lost (bus backend only)."""
+
+    def __init__(self, model: str, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._model = model
+        self._counts = counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "alignedserve:request_migrations",
+            "Requests re-prefilled after their KV or worker was lost, by reason.",
+            labels=["model_name", "reason"],
+        )
+        for reason, count in sorted(self._counts().items()):
+            family.add_metric([self._model, reason], float(count))
+        yield family

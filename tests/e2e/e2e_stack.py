@@ -1,4 +1,8 @@
-"""Start and stop the whole stack (`alignedserve up`) as real processes for end-to-end tests."""
+"""Start and stop the whole stack (`alignedserve up`) as real processes for end-to-end tests.
+
+`start_services` starts the same services with the same arguments without the `up` supervisor (which
+stops the whole stack when one service exits), so a test can kill one worker and watch the rest cope.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from alignedserve_services import up
 
 READY_LINE = re.compile(r"AlignedServe ready: (http://\S+)/v1")
 
@@ -44,12 +50,7 @@ class Stack:
 
     def metric(self, worker: str, name: str) -> float:
         """Sum of a metric's samples on one worker (0 when absent)."""
-        text = httpx.get(f"http://127.0.0.1:{self.metrics_ports[worker]}/metrics", timeout=5).text
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith(name) and (line[len(name)] in " {"):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_at(self.metrics_ports[worker], name)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -59,6 +60,72 @@ class Stack:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def metric_at(port: int, name: str) -> float:
+    """Sum of a metric's samples at http://127.0.0.1:PORT/metrics (0 when absent)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (line[len(name)] in " {"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@dataclass
+class Services:
+    """The stack's services as separate processes of this test (no `up` supervisor)."""
+
+    url: str  # the gateway: http://127.0.0.1:PORT
+    children: list[up.Child]
+    metrics_ports: dict[str, int]  # service name -> its /metrics port (the gateway: its HTTP port)
+    log_dir: Path
+
+    def metric(self, service: str, name: str) -> float:
+        return metric_at(self.metrics_ports[service], name)
+
+    def process(self, service: str) -> subprocess.Popen[bytes]:
+        return next(c.process for c in self.children if c.name == service)
+
+    def kill(self, service: str) -> None:
+        """SIGKILL: no drain, no STOPPED heartbeat, KV and requests in memory gone."""
+        process = self.process(service)
+        process.kill()
+        process.wait()
+
+    def stop(self) -> None:
+        up.stop_all(self.children)
+
+
+def start_services(
+    bus_url: str, log_dir: Path, *, prefill: int = 1, decode: int = 1, env: dict[str, str] | None = None
+) -> Services:
+    """What `alignedserve up --bus BUS_URL` starts, each with `env` added to its environment."""
+    names = worker_names(prefill, decode)
+    base = free_port_block(len(names) + 1)
+    cfg = up.UpConfig(
+        host="127.0.0.1", port=base, bus=bus_url, policy="aligned", prefetch=True, prefill=prefill,
+        decode=decode, model="smollm2", device="cpu", dtype="float32", metrics_base_port=base + 1,
+        log_dir=log_dir,
+    )  # fmt: skip
+    log_dir.mkdir(parents=True, exist_ok=True)
+    children: list[up.Child] = []
+    ports: dict[str, int] = {}
+    child_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+    try:
+        for name, port, argv in up.service_commands(cfg, bus_url):
+            log_path = log_dir / f"{name}.log"
+            with log_path.open("ab") as log:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "alignedserve.cli", *argv], stdout=log, stderr=log, env=child_env
+                )
+            children.append(up.Child(name, f"http://127.0.0.1:{port}/ready", process, log_path))
+            ports[name] = port
+        up.wait_ready(children, up.READY_TIMEOUT_S)
+    except BaseException:
+        up.stop_all(children)
+        raise
+    return Services(f"http://127.0.0.1:{cfg.port}", children, ports, log_dir)
 
 
 def worker_names(prefill: int, decode: int) -> list[str]:

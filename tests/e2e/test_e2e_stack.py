@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -142,3 +143,27 @@ def test_a_cancelled_request_frees_its_pool_and_decode_blocks(redis_stack: Stack
         return pool == 0 and decode == 0
 
     assert wait_until(all_free, timeout=60), "blocks still held after the client went away"
+
+
+def test_loadgen_drives_the_stack_and_checks_every_token_count(stack: Stack, tmp_path: Path) -> None:
+    """The load generator as users run it (CLI, streaming chat, ignore_eos, SLO gate, JSON) against the
+    stack: every request completes with exactly the prompt and output lengths it asked for."""
+    out = tmp_path / "loadgen.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "alignedserve_loadgen.cli", "--endpoint", stack.url, "--model", MODEL,
+         "--api", "chat", "--synthetic", "--short-share", "0.75", "--short-range", "16", "200",
+         "--long-range", "600", "900", "--output-range", "8", "40", "--num-requests", "12",
+         "--concurrency", "6", "--seed", "7", "--tokenizer", "smollm2", "--fail-on-slo",
+         "--max-failures", "0", "--json", str(out), "--no-progress"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads(out.read_text())
+    assert result["completed"] == 12 and result["failed"] == 0
+    assert result["output_throughput"] > 0 and result["p99_tpot_ms"] > 0
+    for record in result["requests"]:
+        assert record["error"] is None, record
+        assert record["output_len"] == record["expected_output_len"], record
+        assert record["server_prompt_tokens"] == record["input_len"], record
+        assert record["finish_reason"] == "length"
+        assert len(record["chunk_times_s"]) >= 1 and record["ttft_s"] is not None

@@ -56,6 +56,7 @@ __all__ = [
     "PrefillRequest",
     "RequestEvicted",
     "RequestFinished",
+    "RequestLost",
     "RequestState",
     "SamplingSpec",
     "ServiceKind",
@@ -371,11 +372,26 @@ class Cancel(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RequestLost(Message):
+    """decode/prefill -> gateway (events topic): this request's KV is gone (a transfer failed after its
+    retries, an import was refused, a staged copy vanished). Its gateway re-prefills it from the prompt
+    and the tokens already released, under a new incarnation id, so the client loses nothing."""
+
+    TYPE: ClassVar[str] = "request_lost"
+    VERSION: ClassVar[int] = 1
+
+    request_id: str
+    worker_id: str  # who noticed
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerHeartbeat(Message):
-    """every service -> everyone: registration (first beat), liveness, UCX address, draining."""
+    """every service -> everyone: registration (first beat), liveness, UCX address, draining, and the
+    KV memory it holds (kvpool: pool bytes; decode/prefill: 0 — they report blocks elsewhere)."""
 
     TYPE: ClassVar[str] = "worker_heartbeat"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     kind: ServiceKind
     worker_id: str
@@ -384,6 +400,8 @@ class WorkerHeartbeat(Message):
     ucx_address: bytes = b""  # the worker's UCX endpoint address (empty: holds no KV)
     http_url: str = ""  # /health and /metrics
     started_at: float = 0.0
+    kv_used_bytes: int = 0  # KV bytes held now
+    kv_capacity_bytes: int = 0  # KV byte budget (0: reports none)
 
     def routing_key(self) -> str | None:
         return self.worker_id
@@ -400,6 +418,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     RequestEvicted,
     RequestFinished,
     Cancel,
+    RequestLost,
     WorkerHeartbeat,
 )
 _BY_TYPE: dict[str, type[Message]] = {cls.TYPE: cls for cls in MESSAGE_TYPES}

@@ -59,6 +59,11 @@ class TokenStream:
                 released += self._release(self._early.pop(first))
         return released
 
+    def drop_pending(self) -> None:
+        """Forget entries waiting past a gap: the producer that sent them no longer counts (the request
+        moved to a new incarnation, which produces those positions again)."""
+        self._early.clear()
+
     def _release(self, entry: TokenEntry) -> list[TokenEntry]:
         if self.finished:
             return []

@@ -14,7 +14,7 @@ PREFILL = f"{PREFIX}.prefill"  # PrefillRequest -> group "prefill" (any prefill 
 BATCHER = (
     f"{PREFIX}.batcher"  # KvReady, DecodeStatus, RequestEvicted(to pool), PrefetchDone, CandidateBufferState
 )
-EVENTS = f"{PREFIX}.events"  # Cancel, RequestFinished, WorkerHeartbeat -> every service (own group)
+EVENTS = f"{PREFIX}.events"  # Cancel, RequestFinished, RequestLost, WorkerHeartbeat -> every service
 
 PREFILL_GROUP = "prefill"
 BATCHER_GROUP = "batcher"

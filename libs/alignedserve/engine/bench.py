@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-ratio", action="store_true", help="skip the mixed/aligned experiment")
     parser.add_argument("--no-roofline", action="store_true", help="skip the matmul roofline")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompt tokens")
+    parser.add_argument("--linear", default="auto", help="engine linear kernel: auto, torch or onednn_packed")
     return parser
 
 
@@ -174,7 +175,7 @@ def _run_case(
     from alignedserve.engine.bench_stats import DecodeRate
     from alignedserve.engine.config import EngineConfig
 
-    config = EngineConfig(model=args.model, dtype=dtype, attention=args.attention)
+    config = EngineConfig(model=args.model, dtype=dtype, attention=args.attention, linear_kernel=args.linear)
     runners: dict[str, Callable[[], DecodeRate]] = {
         "engine": lambda: engine_decode(loaded, config, prompt, batch, settings.steps),
         "hf_static": lambda: hf_static_decode(loaded.hf_model, prompt, batch, settings.steps),
@@ -273,7 +274,7 @@ def _ratio(
     from alignedserve.engine.bench_engine import mixed_over_aligned
     from alignedserve.engine.config import EngineConfig
 
-    config = EngineConfig(model=args.model, dtype=dtype, attention=args.attention)
+    config = EngineConfig(model=args.model, dtype=dtype, attention=args.attention, linear_kernel=args.linear)
     result = mixed_over_aligned(loaded, config, tokens, settings.ratio_steps)
     return {
         "mixed_over_aligned_iteration": round(result.ratio, 3),

@@ -8,6 +8,7 @@ batch, sampling and stop checks included.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Sequence
@@ -30,15 +31,8 @@ def decode_engine(
     (and one prompt being prefilled), sharing the already loaded model."""
     blocks = sum(blocks_for(p + extra_tokens + 1, config.block_size) for p in prefixes)
     blocks += blocks_for(max(prefixes) + 1, config.block_size)  # the source prompt while it is exported
-    sized = EngineConfig(
-        model=config.model,
-        dtype=config.dtype,
-        device=config.device,
-        block_size=config.block_size,
-        num_blocks=blocks,
-        max_num_seqs=max(len(prefixes), 1),
-        attention=config.attention,
-        timings=config.timings,
+    sized = dataclasses.replace(
+        config, kv_cache_bytes=None, num_blocks=blocks, max_num_seqs=max(len(prefixes), 1)
     )
     return LLMEngine(sized, loaded=loaded)
 
@@ -116,14 +110,7 @@ def mixed_over_aligned(
     mixed = [MIXED_SHORT[1]] * MIXED_SHORT[0] + [MIXED_LONG[1]] * MIXED_LONG[0]
     mean = round(sum(mixed) / len(mixed))
     aligned = [mean] * len(mixed)
-    timed = EngineConfig(
-        model=config.model,
-        dtype=config.dtype,
-        device=config.device,
-        block_size=config.block_size,
-        attention=config.attention,
-        timings=True,
-    )
+    timed = dataclasses.replace(config, timings=True)
     params = SamplingParams(max_tokens=steps + 3, temperature=0.0, ignore_eos=True)
     engines = []
     for name, prefixes in (("mixed", mixed), ("aligned", aligned)):

@@ -9,6 +9,7 @@ DTYPES_BY_DEVICE: dict[str, tuple[str, ...]] = {
     "cuda": ("float16", "bfloat16", "float32"),
 }
 ATTENTION_STRATEGIES = ("auto", "padded", "bucketed", "per_sequence")
+LINEAR_KERNELS = ("auto", "torch", "onednn_packed")  # see alignedserve.engine.linear
 DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 
 
@@ -31,6 +32,7 @@ class EngineConfig:
     max_prefill_tokens: int = 2048  # tokens per prefill forward; longer prompts go in chunks
     max_model_len: int | None = None  # None: the model's own context length
     attention: str = "auto"  # decode attention strategy; "auto" picks per batch shape
+    linear_kernel: str = "auto"  # "auto": oneDNN-packed weights on CPU float32, else the torch module
     staged_kv_bytes: int = 1024**3  # decode K/V kept contiguous across iterations; 0: gather each one
     timings: bool = False  # record per-iteration linear/attention time split
     num_threads: int | None = None  # torch intra-op threads on CPU (None: leave torch's default)
@@ -51,6 +53,8 @@ class EngineConfig:
             raise ValueError(f"staged_kv_bytes must be an integer >= 0, got {self.staged_kv_bytes!r}")
         if self.kv_cache_bytes is not None and self.num_blocks is not None:
             raise ValueError("give either kv_cache_bytes or num_blocks, not both")
+        if self.linear_kernel not in LINEAR_KERNELS:
+            raise ValueError(f"linear_kernel must be one of {LINEAR_KERNELS}, got {self.linear_kernel!r}")
         if self.attention not in ATTENTION_STRATEGIES:
             raise ValueError(f"attention must be one of {ATTENTION_STRATEGIES}, got {self.attention!r}")
         if not self.model:

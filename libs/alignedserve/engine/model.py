@@ -1,8 +1,10 @@
 """Lean forward passes over transformers' own modules, with attention replaced by paged attention.
 
-Weights, norms, MLPs, rotary embeddings and the LM head are transformers' modules, called as they are;
-only attention is ours, because it must read and write the paged KV cache. Inputs are flattened across
-requests: T tokens of any mix of requests, each with its own position.
+Weights, norms, activations, rotary embeddings and the LM head are transformers' modules; attention is
+ours, because it must read and write the paged KV cache, and every linear layer goes through a
+`LinearKernel` (`alignedserve.engine.linear`: oneDNN-packed weights on CPU float32, the module itself
+elsewhere). Inputs are flattened across requests: T tokens of any mix of requests, each with its own
+position.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from alignedserve.engine.kv_cache import KvLayout
+from alignedserve.engine.linear import LinearKernel, TorchLinear
 
 
 class LayerAttention(Protocol):
@@ -46,10 +49,11 @@ def kv_layout(model: PagedModel, block_size: int, dtype: torch.dtype) -> KvLayou
 class LlamaFamilyModel:
     """Llama, Mistral, Qwen2, SmolLM: RMSNorm, rotary positions, GQA, gated MLP."""
 
-    def __init__(self, hf_model: Any) -> None:  # transformers modules: attributes are dynamic
-        config = hf_model.config
+    def __init__(self, hf_model: Any, linear: LinearKernel | None = None) -> None:
+        config = hf_model.config  # transformers modules: attributes are dynamic
         self.model: Any = hf_model.model
         self.lm_head: Any = hf_model.lm_head
+        self.linear: LinearKernel = linear or TorchLinear()
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
@@ -62,27 +66,29 @@ class LlamaFamilyModel:
         self, input_ids: torch.Tensor, positions: torch.Tensor, attention: LayerAttention
     ) -> torch.Tensor:
         tokens = input_ids.shape[0]
+        linear = self.linear
         h = self.model.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.model.rotary_emb(h, positions.unsqueeze(0))  # [1, T, d] each
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, d]: broadcast over heads
         for index, layer in enumerate(self.model.layers):
             x = layer.input_layernorm(h)
             attn = layer.self_attn
-            q = attn.q_proj(x).view(tokens, self.heads, self.head_dim)
-            k = attn.k_proj(x).view(tokens, self.kv_heads, self.head_dim)
-            v = attn.v_proj(x).view(tokens, self.kv_heads, self.head_dim)
+            q = linear(attn.q_proj, x).view(tokens, self.heads, self.head_dim)
+            k = linear(attn.k_proj, x).view(tokens, self.kv_heads, self.head_dim)
+            v = linear(attn.v_proj, x).view(tokens, self.kv_heads, self.head_dim)
             q = q * cos + _rotate_half(q) * sin  # same arithmetic as transformers' apply_rotary_pos_emb
             k = k * cos + _rotate_half(k) * sin
             o = attention(index, q, k, v, self.scale)  # [T, heads, d]
-            h = h + attn.o_proj(o.reshape(tokens, self.heads * self.head_dim))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + linear(attn.o_proj, o.reshape(tokens, self.heads * self.head_dim))
+            x = layer.post_attention_layernorm(h)
+            mlp = layer.mlp  # gated: down(act(gate(x)) * up(x)), as transformers' LlamaMLP
+            h = h + linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, x)) * linear(mlp.up_proj, x))
         out: torch.Tensor = self.model.norm(h)
         return out
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.lm_head(hidden).float()
-        return out
+        return self.linear(self.lm_head, hidden).float()
 
 
 class OptModel:
@@ -90,10 +96,11 @@ class OptModel:
 
     POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding.offset
 
-    def __init__(self, hf_model: Any) -> None:  # transformers modules: attributes are dynamic
-        config = hf_model.config
+    def __init__(self, hf_model: Any, linear: LinearKernel | None = None) -> None:
+        config = hf_model.config  # transformers modules: attributes are dynamic
         self.decoder: Any = hf_model.model.decoder
         self.lm_head: Any = hf_model.lm_head
+        self.linear: LinearKernel = linear or TorchLinear()
         self.heads = int(config.num_attention_heads)
         self.head_dim = int(config.hidden_size) // self.heads
         self.layout_heads = (config.num_hidden_layers, self.heads, self.heads, self.head_dim)
@@ -105,38 +112,37 @@ class OptModel:
         self, input_ids: torch.Tensor, positions: torch.Tensor, attention: LayerAttention
     ) -> torch.Tensor:
         tokens = input_ids.shape[0]
-        decoder = self.decoder
+        decoder, linear = self.decoder, self.linear
         h = decoder.embed_tokens(input_ids)
         if decoder.project_in is not None:
-            h = decoder.project_in(h)
+            h = linear(decoder.project_in, h)
         h = h + decoder.embed_positions.weight[positions + self.POSITION_OFFSET]
         for index, layer in enumerate(decoder.layers):
             residual = h
             x = layer.self_attn_layer_norm(h) if self.pre_norm else h
             attn = layer.self_attn
-            q = (attn.q_proj(x) * attn.scaling).view(tokens, self.heads, self.head_dim)
-            k = attn.k_proj(x).view(tokens, self.heads, self.head_dim)
-            v = attn.v_proj(x).view(tokens, self.heads, self.head_dim)
+            q = (linear(attn.q_proj, x) * attn.scaling).view(tokens, self.heads, self.head_dim)
+            k = linear(attn.k_proj, x).view(tokens, self.heads, self.head_dim)
+            v = linear(attn.v_proj, x).view(tokens, self.heads, self.head_dim)
             o = attention(index, q, k, v, 1.0)  # scaling already applied to q, as transformers does
-            h = residual + attn.out_proj(o.reshape(tokens, self.heads * self.head_dim))
+            h = residual + linear(attn.out_proj, o.reshape(tokens, self.heads * self.head_dim))
             if not self.pre_norm:
                 h = layer.self_attn_layer_norm(h)
             residual = h
             x = layer.final_layer_norm(h) if self.pre_norm else h
-            h = residual + layer.fc2(layer.activation_fn(layer.fc1(x)))
+            h = residual + linear(layer.fc2, layer.activation_fn(linear(layer.fc1, x)))
             if not self.pre_norm:
                 h = layer.final_layer_norm(h)
         if decoder.final_layer_norm is not None:
             h = decoder.final_layer_norm(h)
         if decoder.project_out is not None:
-            h = decoder.project_out(h)
+            h = linear(decoder.project_out, h)
         out: torch.Tensor = h
         return out
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.lm_head(hidden).float()
-        return out
+        return self.linear(self.lm_head, hidden).float()
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -158,11 +164,11 @@ def _llama_context(config: Any) -> int:
     return context
 
 
-def paged_model(hf_model: Any) -> PagedModel:
+def paged_model(hf_model: Any, linear: LinearKernel | None = None) -> PagedModel:
     """The lean forward for a loaded transformers causal LM."""
     model_type = hf_model.config.model_type
     if model_type in ("llama", "mistral", "qwen2"):
-        return LlamaFamilyModel(hf_model)
+        return LlamaFamilyModel(hf_model, linear)
     if model_type == "opt":
-        return OptModel(hf_model)
+        return OptModel(hf_model, linear)
     raise ValueError(f"no paged forward for model type {model_type!r}; supported: llama, mistral, qwen2, opt")

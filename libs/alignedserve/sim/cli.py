@@ -4,7 +4,10 @@ alignedserve sim --workload synthetic --short-share 0.95 --requests 4000 --json
 alignedserve sim --trace libs/alignedserve/data/traces/AzureLLMInferenceTrace_conv.csv --time-scale 0.1
 alignedserve sim --workload azure --requests 100000 --json      # the trace tiled (workloads.take)
 alignedserve sim --compare --workload synthetic --short-share 0.95   # aligned vs fcfs vs prefetch off
+alignedserve sim --deployment stack --concurrency 16 --requests 64 --length-scale 0.25 \
+    --max-input-len 4096 --max-output-len 256                     # what `make bench-e2e` sends the stack
 alignedserve sim calibrate --help                                 # refit the CPU cost model
+alignedserve sim vs-stack --help                                  # predicted vs measured bench-e2e rows
 """
 
 from __future__ import annotations
@@ -12,31 +15,28 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from alignedserve.batching.policies import POLICY_NAMES, make_policy
 from alignedserve.batching.scheduler import plan_iteration
+from alignedserve.sim.arrivals import OPEN_LOOP, ArrivalProcess, ClosedLoop
 from alignedserve.sim.cluster import Cluster, ClusterConfig
 from alignedserve.sim.cost import CostModel, cost_model_names, make_cost_model
+from alignedserve.sim.deployments import DEPLOYMENTS, Deployment
 from alignedserve.sim.records import SimulationError
 from alignedserve.workloads import (
     RequestSpec,
     TraceFormatError,
     default_trace_path,
-    longbench_like,
     read_trace,
     scale_time,
-    sharegpt_like,
-    synthetic,
-    take,
     with_poisson_arrivals,
 )
+from alignedserve_loadgen.workload import WorkloadConfig, WorkloadSource, build_specs
 
 WORKLOADS = ("synthetic", "azure", "sharegpt", "longbench")
 DEFAULT_SYNTHETIC_REQUESTS = 2000
-# K_min: the paper's example saturating batch for prefix-aware policies; FCFS admits as memory frees
-DEFAULT_MIN_BATCH = {"aligned": 128, "window": 128, "fcfs": 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,7 @@ class RunSpec:
     prefetch: bool
     config: ClusterConfig
     starvation_s: float | None
+    max_len: int | None = None  # quad-tree range; None: just above the workload's longest prompt
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,16 +70,33 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--time-scale", type=float, default=1.0, help="multiply arrival times (0.1 = 10x the rate)"
     )
-    c = p.add_argument_group("cluster")
+    w.add_argument(
+        "--concurrency", type=int, help="closed loop: C requests in flight, the next one on each completion"
+    )
+    w.add_argument("--length-scale", type=float, default=1.0, help="multiply every prompt and output length")
+    w.add_argument("--max-input-len", type=int, help="cap prompts (after --length-scale), as the loadgen")
+    w.add_argument("--max-output-len", type=int, help="cap outputs (after --length-scale)")
+    c = p.add_argument_group("cluster (defaults from --deployment)")
+    c.add_argument(
+        "--deployment",
+        choices=sorted(DEPLOYMENTS),
+        default="paper",
+        help="paper: 4+4 H100s, OPT-13B, K_min 128; stack: the services' defaults on cpu-smollm2",
+    )
     c.add_argument("--policy", choices=POLICY_NAMES, default="aligned")
     c.add_argument("--prefetch", choices=("on", "off"), default="on")
-    c.add_argument("--prefill-workers", type=int, default=4)
-    c.add_argument("--decode-workers", type=int, default=4)
-    c.add_argument("--cost-model", choices=cost_model_names(), default="h100-opt-13b")
-    c.add_argument("--min-batch", type=int, help="K_min (default: 128 aligned/window, 1 fcfs)")
-    c.add_argument("--max-batch", type=int, default=256, help="running requests per decode worker at most")
+    c.add_argument("--prefill-workers", type=int)
+    c.add_argument("--decode-workers", type=int)
+    c.add_argument("--cost-model", choices=cost_model_names())
+    c.add_argument("--min-batch", type=int, help="K_min (paper: 128 aligned/window, 1 fcfs; stack: 16)")
+    c.add_argument("--max-batch", type=int, help="running requests per decode worker at most")
+    c.add_argument("--fill", type=float, help="share of a decode worker's blocks a new batch may take")
+    c.add_argument("--range-slack", type=int, help="dynamic prefetch: tokens above the running range")
+    c.add_argument("--max-prefill-tokens", type=int, help="prompt tokens per prefill pass")
     c.add_argument(
-        "--starvation-s", type=float, help="aging threshold (default: none, as in the paper's runs)"
+        "--starvation-s",
+        type=float,
+        help="aging threshold, 0: off (paper: off, as in its runs; stack: the batcher's 10 s)",
     )
     c.add_argument("--no-dynamic-prefetch", action="store_true", help="aligned/window: no in-range pulls")
     c.add_argument(
@@ -90,19 +108,35 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_workload(args: argparse.Namespace) -> list[RequestSpec]:
+def workload_config(args: argparse.Namespace) -> WorkloadConfig:
+    """The load generator's description of the same workload: its code builds the lengths, so a
+    simulated run replays exactly what `alignedserve-loadgen` sends for the same flags and seed."""
+    source: WorkloadSource
     if args.trace is not None or args.workload == "azure":
-        specs = read_trace(args.trace or default_trace_path())
-        if args.requests is not None:
-            specs = take(specs, args.requests)
+        source = "trace"
+        n = (
+            args.requests
+            if args.requests is not None
+            else len(read_trace(args.trace or default_trace_path()))
+        )
     else:
+        source = args.workload
         n = args.requests if args.requests is not None else DEFAULT_SYNTHETIC_REQUESTS
-        if args.workload == "synthetic":
-            specs = synthetic(n, args.short_share, args.seed)
-        elif args.workload == "sharegpt":
-            specs = sharegpt_like(n, args.seed)
-        else:
-            specs = longbench_like(n, args.seed)
+    return WorkloadConfig(
+        source=source,
+        num_requests=n,
+        seed=args.seed,
+        short_share=args.short_share,
+        trace_path=args.trace,
+        length_scale=args.length_scale,
+        max_input_len=args.max_input_len,
+        max_output_len=args.max_output_len,
+    )
+
+
+def build_workload(args: argparse.Namespace) -> list[RequestSpec]:
+    """Lengths from the load generator's `build_specs`; then arrival times (ignored by a closed loop)."""
+    specs: list[RequestSpec] = build_specs(workload_config(args))
     if args.rate is not None:
         specs = with_poisson_arrivals(specs, args.rate, args.seed)
     if args.time_scale != 1.0:
@@ -121,9 +155,10 @@ def _quadtree_span(specs: list[RequestSpec], leaf_width: int) -> int:
 
 def simulate(specs: list[RequestSpec], cost: CostModel, run: RunSpec) -> dict[str, float | int | str]:
     """One run of the real policy and scheduler over `specs`; the JSON summary."""
+    span = _quadtree_span(specs, cost.block_size)
     policy = make_policy(
         run.policy,
-        max_len=_quadtree_span(specs, cost.block_size),
+        max_len=max(run.max_len, span) if run.max_len is not None else span,
         leaf_width=cost.block_size,
         starvation_s=run.starvation_s,
     )
@@ -136,19 +171,37 @@ def simulate(specs: list[RequestSpec], cost: CostModel, run: RunSpec) -> dict[st
     }
 
 
+def choose_arrivals(args: argparse.Namespace) -> ArrivalProcess:
+    return ClosedLoop(args.concurrency) if args.concurrency is not None else OPEN_LOOP
+
+
+def _deployment(args: argparse.Namespace) -> Deployment:
+    """--deployment's defaults with every cluster flag given on the command line applied."""
+    d = DEPLOYMENTS[args.deployment]
+    overrides = {
+        "prefill_workers": args.prefill_workers,
+        "decode_workers": args.decode_workers,
+        "cost_model": args.cost_model,
+        "max_batch": args.max_batch,
+        "fill": args.fill,
+        "range_slack": args.range_slack,
+        "max_prefill_tokens": args.max_prefill_tokens,
+    }
+    d = replace(d, **{k: v for k, v in overrides.items() if v is not None})
+    if args.min_batch is not None:
+        d = replace(d, min_batch=args.min_batch, fcfs_min_batch=args.min_batch)
+    if args.starvation_s is not None:
+        d = replace(d, starvation_s=args.starvation_s or None)  # 0: aging off
+    if args.no_dynamic_prefetch:
+        d = replace(d, dynamic_prefetch_policies=frozenset())
+    return d
+
+
 def _run_spec(args: argparse.Namespace, policy: str, prefetch: bool) -> RunSpec:
-    config = ClusterConfig(
-        prefill_workers=args.prefill_workers,
-        decode_workers=args.decode_workers,
-        prefetch=prefetch,
-        dynamic_prefetch=policy != "fcfs" and not args.no_dynamic_prefetch,
-        min_batch=args.min_batch if args.min_batch is not None else DEFAULT_MIN_BATCH[policy],
-        max_batch=args.max_batch,
-        exact_iterations=args.exact_iterations,
-        # aging makes the policy's answer change with time alone: re-ask a few times per threshold
-        batcher_retry_s=args.starvation_s / 4 if args.starvation_s else None,
-    )
-    return RunSpec(policy, prefetch, config, args.starvation_s)
+    d = _deployment(args)
+    config = d.cluster_config(policy, prefetch, choose_arrivals(args))
+    config = replace(config, exact_iterations=args.exact_iterations)
+    return RunSpec(policy, prefetch, config, d.starvation_s, d.max_len)
 
 
 def compare(specs: list[RequestSpec], cost: CostModel, args: argparse.Namespace) -> dict[str, object]:
@@ -201,20 +254,42 @@ def _fmt(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for flag, value in (
+        ("--prefill-workers", args.prefill_workers),
+        ("--decode-workers", args.decode_workers),
+        ("--requests", args.requests),
+        ("--concurrency", args.concurrency),
+    ):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be >= 1")
+    if args.concurrency is not None and args.rate is not None:
+        parser.error("--concurrency (closed loop) and --rate (Poisson) exclude each other")
+    if not args.length_scale > 0:
+        parser.error("--length-scale must be > 0")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The simulation flags, checked (exits with a usage error like any argparse parser)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check(parser, args)
+    return args
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["calibrate"]:
         from alignedserve.sim.calibrate import main as calibrate_main
 
         return calibrate_main(argv[1:])
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.prefill_workers < 1 or args.decode_workers < 1:
-        parser.error("--prefill-workers and --decode-workers must be >= 1")
-    if args.requests is not None and args.requests < 1:
-        parser.error("--requests must be >= 1")
+    if argv[:1] == ["vs-stack"]:
+        from alignedserve.sim.vs_stack import main as vs_stack_main
+
+        return vs_stack_main(argv[1:])
+    args = parse_args(argv)
     try:
         specs = build_workload(args)
-        cost = make_cost_model(args.cost_model)
+        cost = make_cost_model(_deployment(args).cost_model)
         if args.compare:
             result: dict[str, object] = compare(specs, cost, args)
         else:
@@ -226,4 +301,13 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["RunSpec", "build_workload", "compare", "main", "simulate"]
+__all__ = [
+    "RunSpec",
+    "build_workload",
+    "choose_arrivals",
+    "compare",
+    "main",
+    "parse_args",
+    "simulate",
+    "workload_config",
+]

@@ -13,6 +13,9 @@ Where KV bytes travel (DESIGN.md §2, §4):
   PCIe link.
 An admission or eviction transfer stalls the decode worker before its next iteration (the scheduling
 latency the paper's GPU prefetch cuts).
+
+Requests enter through the configured arrival process (`arrivals.py`): their own timestamps (open
+loop) or a closed loop that lets a new request in whenever one completes.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from alignedserve.batching.types import (
     IterationState,
     WaitingRequest,
 )
+from alignedserve.sim.arrivals import OPEN_LOOP, ArrivalProcess
 from alignedserve.sim.cost import CostModel, Link
 from alignedserve.sim.decode import DecodeWorker, Span
 from alignedserve.sim.metrics import Metrics
@@ -51,11 +55,14 @@ class ClusterConfig:
     dynamic_prefetch: bool = True  # pull waiting requests in the running batch's range into its buffer
     min_batch: int = 128  # K_min
     max_batch: int | None = 256  # running requests a decode worker takes at most
+    fill: float = 1.0  # share of a decode worker's blocks a new batch may take (the rest: room to grow)
+    range_slack: int = 0  # dynamic prefetch also takes prefixes this far above the running range
     max_prefill_tokens: int = 8192  # tokens one prefill pass takes (at least one whole prompt)
     # re-ask the policy this often while a worker waits: only answers that change with time need it
     # (starvation aging); None: ask only when the pool or a worker changes
     batcher_retry_s: float | None = None
     exact_iterations: bool = False  # call the scheduler at every iteration (no spans): for checking
+    arrivals: ArrivalProcess = OPEN_LOOP  # when requests enter (open loop: their own timestamps)
 
 
 class Cluster:
@@ -71,6 +78,8 @@ class Cluster:
     ) -> None:
         if config.prefill_workers < 1 or config.decode_workers < 1:
             raise ValueError("need at least one prefill and one decode worker")
+        if not 0 < config.fill <= 1:
+            raise ValueError(f"fill must be in (0, 1], got {config.fill}")
         self.cost = cost
         self.policy = policy
         self.planner = planner
@@ -79,13 +88,14 @@ class Cluster:
         self.by_index = [
             SimRequest(i, s.arrival_s, s.input_len, s.output_len, block) for i, s in enumerate(specs)
         ]
-        self.requests = sorted(self.by_index, key=lambda r: r.arrival)  # stable: ties keep workload order
         capacity = cost.decode_capacity_blocks
         self.limits = BatchLimits(
-            max_blocks=capacity, min_requests=config.min_batch, max_requests=config.max_batch
+            max_blocks=max(1, int(capacity * config.fill)),
+            min_requests=config.min_batch,
+            max_requests=config.max_batch,
         )
         too_long = [
-            r for r in self.requests if r.remaining > 0 and r.input_len + r.output_len > capacity * block
+            r for r in self.by_index if r.remaining > 0 and r.input_len + r.output_len > capacity * block
         ]
         if too_long:
             raise ValueError(
@@ -95,9 +105,7 @@ class Cluster:
         self.decoders = [
             DecodeWorker(d, capacity, block, config.max_batch) for d in range(config.decode_workers)
         ]
-        last_arrival = self.requests[-1].arrival if self.requests else 0.0
-        for worker in self.decoders:
-            worker.window_end = last_arrival
+        self.arrivals = config.arrivals.start(self.by_index)
         self.prefill_links = [FifoLink() for _ in range(config.prefill_workers)]
         self.prefill_busy: list[list[SimRequest] | None] = [None] * config.prefill_workers
         self.prefill_queue: deque[SimRequest] = deque()
@@ -106,7 +114,7 @@ class Cluster:
         self.seq = 0
         self.tick_at: float | None = None
         self.next_batch_id = 0
-        self.metrics = Metrics(len(self.requests))
+        self.metrics = Metrics(len(self.by_index))
 
     # --- event queue --------------------------------------------------------------------------------
 
@@ -127,27 +135,35 @@ class Cluster:
 
     def _run(self) -> Metrics:
         wall = time.perf_counter()
-        arrivals = self.requests
-        next_arrival = 0
+        arrivals = self.arrivals
         handlers = (self._prefill_done, self._kv_ready, self._batch_tick, self._decode_boundary)
-        while next_arrival < len(arrivals) or self.events:
-            if next_arrival < len(arrivals) and (
-                not self.events or arrivals[next_arrival].arrival <= self.events[0][0]
-            ):
-                request = arrivals[next_arrival]
-                next_arrival += 1
-                self.prefill_queue.append(request)
-                self._start_prefills(request.arrival)
+        while True:
+            due = arrivals.next_at()
+            if due is not None and (not self.events or due <= self.events[0][0]):
+                self._arrive(arrivals.pop())
                 continue
+            if not self.events:
+                break
             when, kind, _, a, b = heapq.heappop(self.events)
             handlers[kind](when, a, b)
         self._check_drained()
         self.metrics.finish(self.decoders, time.perf_counter() - wall)
         return self.metrics
 
+    def _arrive(self, request: SimRequest) -> None:
+        if self.arrivals.exhausted:  # the load stops here: the steady-state window ends
+            for worker in self.decoders:
+                worker.window_end = request.arrival
+        self.prefill_queue.append(request)
+        self._start_prefills(request.arrival)
+
+    def _complete(self, request: SimRequest, now: float) -> None:
+        self.metrics.complete(request)
+        self.arrivals.completed(now)
+
     def _check_drained(self) -> None:
-        if self.metrics.completed != len(self.requests):
-            stuck = len(self.requests) - self.metrics.completed
+        if self.metrics.completed != len(self.by_index):
+            stuck = len(self.by_index) - self.metrics.completed
             raise SimulationError(
                 f"{stuck} requests never completed (pool {len(self.policy)}, "
                 f"running {[len(d.running) for d in self.decoders]})"
@@ -178,7 +194,7 @@ class Cluster:
         for r in chunk:
             r.first_token_at = now
             if r.remaining == 0:
-                self.metrics.complete(r)
+                self._complete(r, now)
                 continue
             landed = link.send(now, self.cost.transfer_s(r.blocks, Link.PCIE))
             self._push(landed, _KV_READY, r.index)
@@ -317,7 +333,7 @@ class Cluster:
                 f"plan finished {sorted(plan.finished)} but {sorted(state.finished)} completed"
             )
         for request_id in plan.finished:
-            self.metrics.complete(worker.leave(request_id))
+            self._complete(worker.leave(request_id), now)
         link = Link.NVLINK if self.config.prefetch else Link.PCIE
         moved = 0
         for request_id in plan.evicted:
@@ -363,6 +379,7 @@ class Cluster:
         if found is None:
             return
         _, lo, hi = found
+        hi += self.config.range_slack
         room = worker.free_blocks - len(worker.running)  # keep a block of growth for each runner
         slots = (worker.max_batch - len(worker.running)) if worker.max_batch is not None else len(self.policy)
         if room <= 0 or slots <= 0:

@@ -10,6 +10,9 @@ Definitions (docs/simulator.md):
 - wait: KV in the pool -> first admission into a running batch (max_wait_ms is the starvation bound).
 - steady throughput: decode tokens / (last arrival - first decode iteration start): the rate while
   the load is on, without the drain after the last arrival (0 when every request arrives at once).
+- as the load generator measures (alignedserve_loadgen.metrics), from the client's side:
+  output throughput = output tokens (the first one included) / (last completion - first arrival);
+  client TPOT = (completion - first token) / (output tokens - 1): the pool wait before decode included.
 - mixed iteration: a decode iteration whose batch holds requests of two or more origin batches.
 - prefix spread: longest minus shortest prefix in an iteration's batch, averaged over iterations.
 """
@@ -44,6 +47,9 @@ class Metrics:
         self.ttft: list[float] = []
         self.first_decode: list[float] = []
         self.tpot: list[float] = []
+        self.client_tpot: list[float] = []
+        self.first_arrival = float("inf")
+        self.last_completion = 0.0
         self.waits: list[float] = []
         self.sched_s: list[float] = []
         self.form_s: list[float] = []
@@ -68,7 +74,11 @@ class Metrics:
         self.completed_ids.append(r.index)
         self.output_tokens.append(1 + r.decode_tokens)
         self.ttft.append(r.first_token_at - r.arrival)
+        done = r.last_token_at if r.decode_tokens else r.first_token_at
+        self.first_arrival = min(self.first_arrival, r.arrival)
+        self.last_completion = max(self.last_completion, done)
         if r.decode_tokens:
+            self.client_tpot.append((done - r.first_token_at) / r.decode_tokens)
             self.first_decode.append(r.first_decode_at - r.arrival)
             self.last_token = max(self.last_token, r.last_token_at)
         if r.decode_tokens >= 2:
@@ -83,6 +93,7 @@ class Metrics:
         window_end = min(d.window_end for d in decoders) if decoders else 0.0
         window = window_end - self.first_decode_start if decode_tokens else 0.0
         window_tokens = sum(d.window_tokens for d in decoders)
+        duration = self.last_completion - self.first_arrival if self.completed else 0.0
         self.summary = {
             "requests": self.requests,
             "completed": self.completed,
@@ -97,6 +108,10 @@ class Metrics:
             "p99_first_decode_ms": _ms(self.first_decode, 99),
             "mean_tpot_ms": _ms(self.tpot, None),
             "p99_tpot_ms": _ms(self.tpot, 99),
+            "output_throughput_tok_s": sum(self.output_tokens) / duration if duration > 0 else 0.0,
+            "duration_s": duration,
+            "mean_client_tpot_ms": _ms(self.client_tpot, None),
+            "p99_client_tpot_ms": _ms(self.client_tpot, 99),
             "mean_wait_ms": _ms(self.waits, None),
             "max_wait_ms": max(self.waits, default=0.0) * 1e3,
             "iterations": iterations,

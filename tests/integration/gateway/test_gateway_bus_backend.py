@@ -2,12 +2,15 @@
 
 It reads the PrefillRequest the gateway publishes, answers with TokenBatch messages the way workers do
 (first token from prefill, then per-iteration batches from decode, with redelivered and out-of-order
-entries), and checks what the client gets: every token once, in order, the right text and usage.
+entries), and checks what the client gets: every token once, in order, the right text and usage. A
+request whose KV is lost (RequestLost) or whose worker stops beating is re-prefilled under a new id, and
+the client still gets one continuous answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -24,6 +27,7 @@ from alignedserve.bus.messages import (
     Message,
     PrefillRequest,
     RequestFinished,
+    RequestLost,
     ServiceKind,
     TokenBatch,
     TokenEntry,
@@ -65,11 +69,14 @@ class FakeWorkers:
             await self.gateway_beats.put(message)
 
     async def heartbeat(
-        self, kind: ServiceKind, worker_id: str, state: WorkerState = WorkerState.READY
+        self,
+        kind: ServiceKind,
+        worker_id: str,
+        state: WorkerState = WorkerState.READY,
+        started_at: float = 0.0,
     ) -> None:
-        await self.bus.publish(
-            topics.EVENTS, WorkerHeartbeat(kind=kind, worker_id=worker_id, state=state, seq=1)
-        )
+        beat = WorkerHeartbeat(kind=kind, worker_id=worker_id, state=state, seq=1, started_at=started_at)
+        await self.bus.publish(topics.EVENTS, beat)
 
     async def tokens(self, worker_id: str, iteration: int, *entries: TokenEntry) -> None:
         batch = TokenBatch(worker_id=worker_id, iteration=iteration, entries=entries)
@@ -77,8 +84,14 @@ class FakeWorkers:
 
 
 @pytest.fixture
+def worker_timeout_s() -> float:
+    """The gateway's heartbeat horizon (a test that kills a worker parametrizes a short one)."""
+    return 30.0
+
+
+@pytest.fixture
 async def stack(
-    bus_url: str, smollm2_tokenizer: PromptTokenizer
+    bus_url: str, smollm2_tokenizer: PromptTokenizer, worker_timeout_s: float
 ) -> AsyncIterator[tuple[httpx.AsyncClient, FakeWorkers, BusBackend]]:
     url = _private_db(bus_url)
     gateway_id = f"gw-{uuid.uuid4().hex[:8]}"
@@ -103,7 +116,10 @@ async def stack(
     ]
     for subscription in subscriptions:
         await subscription.ready()
-    backend = BusBackend.from_url(url, BusBackendOptions(gateway_id=gateway_id, worker_timeout_s=30.0))
+    options = BusBackendOptions(
+        gateway_id=gateway_id, worker_timeout_s=worker_timeout_s, watch_interval_s=0.2
+    )
+    backend = BusBackend.from_url(url, options)
     await backend.start()
     settings = GatewaySettings(model="smollm2", backend="bus", bus=url, gateway_id=gateway_id)
     server = HttpServer(create_app(settings, backend, smollm2_tokenizer), "127.0.0.1", 0)
@@ -234,3 +250,186 @@ async def test_decode_status_feeds_the_gauges_and_draining_workers_unready(
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the gateway stayed ready without a live decode worker")
+
+
+BODY = {"model": "smollm2", "prompt": "The capital of France", "max_tokens": 6, "temperature": 0,
+        "ignore_eos": True, "stream": True}  # fmt: skip
+
+
+class Reader:
+    """A streamed completion read as it arrives: the text so far, the finish reason, the usage."""
+
+    def __init__(self, client: httpx.AsyncClient, body: dict[str, object]) -> None:
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.usage: dict[str, int] = {}
+        self.task = asyncio.create_task(self._read(client, body))
+
+    async def _read(self, client: httpx.AsyncClient, body: dict[str, object]) -> None:
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                event = json.loads(line.removeprefix("data: "))
+                self.usage = event.get("usage") or self.usage
+                for choice in event["choices"]:
+                    self.text += choice["text"]
+                    self.finish_reason = choice["finish_reason"] or self.finish_reason
+
+    async def until_text(self, text: str) -> None:
+        for _ in range(600):
+            if self.text == text:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"the client got {self.text!r}, not {text!r}")
+
+
+async def _next_for(workers: FakeWorkers, request_id: str) -> PrefillRequest:
+    """The next PrefillRequest whose id starts with `request_id` (other requests' are put back)."""
+    for _ in range(20):
+        request = await asyncio.wait_for(workers.prefill_requests.get(), 30)
+        if request.request_id.startswith(request_id):
+            return request
+        await workers.prefill_requests.put(request)
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no PrefillRequest for {request_id}")
+
+
+async def _cancel_of(workers: FakeWorkers, request_id: str) -> Cancel:
+    for _ in range(50):
+        cancel = await asyncio.wait_for(workers.cancels.get(), 30)
+        if cancel.request_id == request_id:
+            return cancel
+    raise AssertionError(f"no Cancel for {request_id}")
+
+
+async def test_a_request_whose_kv_is_lost_is_re_prefilled_and_the_client_sees_one_stream(
+    stack: tuple[httpx.AsyncClient, FakeWorkers, BusBackend], smollm2_tokenizer: PromptTokenizer
+) -> None:
+    client, workers, _ = stack
+    await _make_ready(client, workers)
+    ids = smollm2_tokenizer.encode_text(ANSWER)  # 7 tokens
+    decode = smollm2_tokenizer.tokenizer.decode
+    body = {"model": "smollm2", "prompt": "The capital of France", "max_tokens": len(ids), "temperature": 0,
+            "top_k": 5, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    reader = Reader(client, body)
+    first = await _next_for(workers, "cmpl-")
+    rid = first.request_id
+    await workers.tokens("prefill-0", 0, _entry(rid, ids, 0, 1))
+    await workers.tokens("decode-0", 1, _entry(rid, ids, 1, 3))
+    await workers.tokens("decode-0", 2, _entry(rid, ids, 4, 5))  # past a gap: not released yet
+    await reader.until_text(decode(ids[:3]))
+    lost = RequestLost(request_id=rid, worker_id="decode-0", reason="KV pull failed: peer holds no KV")
+    await workers.bus.publish(topics.EVENTS, lost)
+    again = await _next_for(workers, rid)
+    assert again.request_id == f"{rid}-m1"
+    assert again.prompt_token_ids == (*first.prompt_token_ids, *ids[:3])
+    assert again.sampling == dataclasses.replace(first.sampling, max_tokens=len(ids) - 3)
+    assert (again.arrival, again.gateway_id) == (first.arrival, first.gateway_id)
+    await _cancel_of(workers, rid)  # the old incarnation is freed everywhere
+    await workers.bus.publish(topics.EVENTS, lost)  # a redelivered copy moves nothing
+    new = again.request_id
+    await workers.tokens("decode-0", 3, _entry(rid, [0] * 8, 3, 4))  # a stale copy: ignored
+    await workers.tokens("prefill-0", 0, TokenEntry(request_id=new, first_index=0, token_ids=(ids[3],)))
+    await workers.tokens("decode-1", 1, TokenEntry(request_id=new, first_index=1, token_ids=tuple(ids[4:]),
+                                                   finish_reason=FinishReason.LENGTH))  # fmt: skip
+    await asyncio.wait_for(reader.task, 30)
+    assert reader.text == decode(ids) and reader.finish_reason == "length"
+    prompt_tokens = len(first.prompt_token_ids)
+    assert reader.usage == {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": len(ids),
+        "total_tokens": prompt_tokens + len(ids),
+    }
+    metrics = (await client.get("/metrics")).text
+    assert 'alignedserve:request_migrations_total{model_name="smollm2",reason="kv_lost"} 1.0' in metrics
+    assert workers.prefill_requests.empty()
+
+
+async def _beat_forever(workers: FakeWorkers, *who: tuple[ServiceKind, str]) -> None:
+    while True:
+        for kind, worker_id in who:
+            await workers.heartbeat(kind, worker_id)
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("worker_timeout_s", [1.0])
+async def test_requests_of_a_silent_or_restarted_worker_move_and_those_of_a_stopped_one_do_not(
+    stack: tuple[httpx.AsyncClient, FakeWorkers, BusBackend], smollm2_tokenizer: PromptTokenizer
+) -> None:
+    client, workers, _ = stack
+    live = asyncio.create_task(
+        _beat_forever(workers, (ServiceKind.PREFILL, "prefill-0"), (ServiceKind.DECODE, "decode-0"))
+    )
+    try:
+        await _until_ready(client)
+        ids = smollm2_tokenizer.encode_text(ANSWER)[:6]
+        decode = smollm2_tokenizer.tokenizer.decode
+        killed, stopped, restarted = Reader(client, BODY), Reader(client, BODY), Reader(client, BODY)
+        a = await _next_for(workers, "cmpl-")
+        b = await _next_for(workers, "cmpl-")
+        c = await _next_for(workers, "cmpl-")
+        await workers.heartbeat(ServiceKind.DECODE, "decode-1")  # then killed: never beats again
+        await workers.heartbeat(ServiceKind.DECODE, "decode-2")  # drained: hands its requests back
+        await workers.heartbeat(ServiceKind.DECODE, "decode-3", started_at=100.0)
+        await workers.tokens("decode-1", 1, _entry(a.request_id, ids, 0, 2))
+        await workers.tokens("decode-2", 1, _entry(b.request_id, ids, 0, 2))
+        await workers.tokens("decode-3", 1, _entry(c.request_id, ids, 0, 3))
+        await workers.heartbeat(ServiceKind.DECODE, "decode-2", WorkerState.STOPPED)
+        for reader, n in ((killed, 2), (stopped, 2), (restarted, 3)):
+            await reader.until_text(decode(ids[:n]))
+        await workers.heartbeat(ServiceKind.DECODE, "decode-3", started_at=200.0)  # killed and back at once
+        c_moved = await _next_for(workers, c.request_id)
+        assert (
+            c_moved.prompt_token_ids == (*c.prompt_token_ids, *ids[:3]) and c_moved.sampling.max_tokens == 3
+        )
+        moved = await _next_for(workers, a.request_id)  # decode-1 silent for 1 s: its request moves
+        assert moved.request_id == f"{a.request_id}-m1"
+        assert moved.prompt_token_ids == (*a.prompt_token_ids, *ids[:2]) and moved.sampling.max_tokens == 4
+        await _cancel_of(workers, a.request_id)
+        await asyncio.sleep(0.6)  # three more sweeps: decode-2 stopped gracefully, its request stays
+        assert workers.prefill_requests.empty()
+        await workers.tokens("decode-0", 2, TokenEntry(request_id=moved.request_id, first_index=0,
+                                                       token_ids=tuple(ids[2:]), finish_reason=FinishReason.LENGTH))  # fmt: skip
+        await workers.tokens("decode-0", 2, _entry(b.request_id, ids, 2, 6, FinishReason.LENGTH))
+        await workers.tokens("decode-3", 3, TokenEntry(request_id=c_moved.request_id, first_index=0,
+                                                       token_ids=tuple(ids[3:]), finish_reason=FinishReason.LENGTH))  # fmt: skip
+        for reader in (killed, stopped, restarted):
+            await asyncio.wait_for(reader.task, 30)
+            assert reader.text == decode(ids) and reader.finish_reason == "length"
+        metrics = (await client.get("/metrics")).text
+        assert (
+            'alignedserve:request_migrations_total{model_name="smollm2",reason="worker_died"} 2.0' in metrics
+        )
+    finally:
+        live.cancel()
+
+
+@pytest.mark.parametrize("worker_timeout_s", [1.0])
+async def test_a_request_not_prefilled_yet_moves_when_a_prefill_worker_dies(
+    stack: tuple[httpx.AsyncClient, FakeWorkers, BusBackend], smollm2_tokenizer: PromptTokenizer
+) -> None:
+    client, workers, _ = stack
+    live = asyncio.create_task(
+        _beat_forever(workers, (ServiceKind.PREFILL, "prefill-0"), (ServiceKind.DECODE, "decode-0"))
+    )
+    try:
+        await _until_ready(client)
+        ids = smollm2_tokenizer.encode_text(ANSWER)[:6]
+        reader = Reader(client, BODY)
+        first = await _next_for(workers, "cmpl-")
+        await workers.heartbeat(ServiceKind.PREFILL, "prefill-1")  # took it, then died: no token ever
+        moved = await _next_for(workers, first.request_id)
+        assert moved.request_id == f"{first.request_id}-m1"
+        assert (moved.prompt_token_ids, moved.sampling) == (first.prompt_token_ids, first.sampling)
+        await _cancel_of(workers, first.request_id)
+        await workers.tokens("prefill-0", 0, _entry(moved.request_id, ids, 0, 6, FinishReason.LENGTH))
+        await asyncio.wait_for(reader.task, 30)
+        assert reader.text == smollm2_tokenizer.tokenizer.decode(ids) and reader.finish_reason == "length"
+        metrics = (await client.get("/metrics")).text
+        assert (
+            'alignedserve:request_migrations_total{model_name="smollm2",reason="prefill_died"} 1.0' in metrics
+        )
+    finally:
+        live.cancel()

@@ -34,6 +34,7 @@ from alignedserve.bus.messages import (
     PrefetchDone,
     RequestEvicted,
     RequestFinished,
+    RequestLost,
     RequestState,
     SamplingSpec,
     ServiceKind,
@@ -191,6 +192,9 @@ class Peers:
     def finished(self, worker_id: str) -> dict[str, RequestFinished]:
         return {m.request_id: m for m in self.inbox.of(RequestFinished) if m.worker_id == worker_id}
 
+    def lost(self, worker_id: str) -> dict[str, RequestLost]:
+        return {m.request_id: m for m in self.inbox.of(RequestLost) if m.worker_id == worker_id}
+
     def heartbeats(self, worker_id: str) -> list[WorkerHeartbeat]:
         return [m for m in self.inbox.of(WorkerHeartbeat) if m.worker_id == worker_id]
 
@@ -318,7 +322,7 @@ async def test_staged_batch_with_evictions_to_the_staging_buffer_still_decodes_e
     await stop_worker(worker)
 
 
-async def test_a_failed_prefetch_errors_and_a_cancel_frees_the_blocks(peers: Peers, bus_url: str, tiny: LoadedModel) -> None:  # fmt: skip
+async def test_a_failed_prefetch_loses_the_request_and_a_cancel_frees_the_blocks(peers: Peers, bus_url: str, tiny: LoadedModel) -> None:  # fmt: skip
     worker = await start_worker(peers, bus_url, tiny)
     spec = SamplingSpec(max_tokens=1000, temperature=0.0, ignore_eos=True)
     planned = [await peers.prefill(rid, p, spec, staged=True) for rid, p in zip(["ok", "lost"], prompts([8, 8], 3), strict=True)]  # fmt: skip
@@ -326,15 +330,34 @@ async def test_a_failed_prefetch_errors_and_a_cancel_frees_the_blocks(peers: Pee
     await peers.bus.publish(topics.decode("decode-t"), PrefetchDone(
         batch_id=21, staging_worker_id="prefill-t", decode_worker_id="decode-t", buffer=CandidateBuffer.BATCH,
         ready=("ok",), failed=("lost",), location=peers.stage_location))  # fmt: skip
-    await peers.inbox.until(lambda: "lost" in peers.finished("decode-t"), "the failed request's error")
-    lost = peers.finished("decode-t")["lost"]
-    assert lost.finish_reason is FinishReason.ERROR and lost.error
+    await peers.inbox.until(lambda: "lost" in peers.lost("decode-t"), "the lost request's RequestLost")
+    assert "prefill-t" in peers.lost("decode-t")["lost"].reason
+    assert "lost" not in peers.finished("decode-t")  # not failed: its gateway re-prefills it
     await peers.inbox.until(lambda: len(peers.outputs()["ok"]) > 5, "tokens of the running request")
     await peers.bus.publish(topics.EVENTS, Cancel(request_id="ok"))
     await peers.inbox.until(
         lambda: (s := peers.statuses("decode-t")[-1]).idle and s.free_blocks == s.total_blocks, "blocks freed"
     )
     assert "ok" not in peers.finished("decode-t")  # cancelled, not finished
+    await stop_worker(worker)
+
+
+async def test_kv_the_pool_no_longer_has_is_reported_lost_and_the_rest_of_the_batch_decodes(peers: Peers, bus_url: str, tiny: LoadedModel) -> None:  # fmt: skip
+    batch = prompts([7, 9], seed=5)
+    want = reference(tiny, batch[:1], max_tokens=6, ignore_eos=True)
+    worker = await start_worker(peers, bus_url, tiny)
+    spec = SamplingSpec(max_tokens=6, temperature=0.0, ignore_eos=True)
+    kept = await peers.prefill("kept", batch[0], spec, staged=False)
+    gone = await peers.prefill("gone", batch[1], spec, staged=False)
+    assert peers.pool.registry.drop("gone")  # the pool lost it (e.g. restarted) after it was planned
+    await publish_plan(peers, 41, [kept, gone])  # prefetch off: decode pulls both from the pool
+    await peers.inbox.until(lambda: "gone" in peers.lost("decode-t"), "the missing KV's RequestLost")
+    assert "KV pull failed" in peers.lost("decode-t")["gone"].reason
+    await peers.inbox.until(lambda: "kept" in peers.finished("decode-t"), "the other request to finish")
+    assert peers.outputs()["kept"] == want[0] and "gone" not in peers.finished("decode-t")
+    await peers.inbox.until(
+        lambda: (s := peers.statuses("decode-t")[-1]).idle and s.free_blocks == s.total_blocks, "blocks freed"
+    )
     await stop_worker(worker)
 
 

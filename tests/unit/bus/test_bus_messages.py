@@ -119,14 +119,17 @@ def sample_messages() -> list[m.Message]:
             completion_tokens=20,
         ),
         m.Cancel(request_id="r1"),
+        m.RequestLost(request_id="r1", worker_id="decode-0", reason="KV pull failed: peer gone"),
         m.WorkerHeartbeat(
-            kind=m.ServiceKind.DECODE,
-            worker_id="decode-0",
+            kind=m.ServiceKind.KVPOOL,
+            worker_id="kvpool-0",
             state=m.WorkerState.READY,
             seq=1,
             ucx_address=b"\x00\x01ucx-address\xff",
             http_url="http://127.0.0.1:9101",
             started_at=100.0,
+            kv_used_bytes=3 << 20,
+            kv_capacity_bytes=1 << 30,
         ),
     ]
 
@@ -229,7 +232,7 @@ def test_routing_keys_keep_related_messages_together() -> None:
     assert by_type[m.PrefillRequest] == "r1"
     assert by_type[TokenBatch] == "decode-0"
     assert by_type[m.BatchPlan] == "decode-0"
-    assert by_type[m.WorkerHeartbeat] == "decode-0"
+    assert by_type[m.WorkerHeartbeat] == "kvpool-0"
 
 
 def test_token_batch_stays_small() -> None:

@@ -16,6 +16,7 @@ from alignedserve.bus.messages import (
     PrefetchDone,
     RequestEvicted,
     RequestFinished,
+    RequestLost,
     RequestState,
     SamplingSpec,
     ServiceKind,
@@ -116,17 +117,34 @@ def test_staged_candidates_wait_for_prefetch_done_which_may_overtake_the_plan() 
     assert len(c.iteration_state([], 100).candidate_batch) == 2
 
 
-def test_a_failed_prefetch_ends_the_request_with_an_error_for_its_gateway_and_everyone() -> None:
+def test_a_failed_prefetch_loses_the_request_to_its_gateway_which_re_prefills_it() -> None:
     c = core()
     c.on_plan(plan(3, planned("a", 9, gateway="gw-1"), staging="prefill-0"))
     out = c.on_prefetch_done(done(3, (), failed=("a",)))
-    assert [topic for topic, _ in out] == [topics.tokens("gw-1"), topics.EVENTS]
+    assert [topic for topic, _ in out] == [topics.EVENTS]
     message = out[0][1]
-    assert isinstance(message, RequestFinished) and message.finish_reason is FinishReason.ERROR
-    assert message.error and message.prompt_tokens == 9 and message.completion_tokens == 1
+    assert isinstance(message, RequestLost) and (message.request_id, message.worker_id) == ("a", "decode-0")
+    assert "prefill-0" in message.reason
     assert c.candidate_counts == (0, 0)
-    c.on_plan(plan(4, planned("a", 9)))  # a late plan cannot revive it
+    c.on_plan(plan(4, planned("a", 9)))  # a late plan cannot revive it: it lives on under another id
     assert c.candidate_counts == (0, 0)
+    assert c.lose("a", "again") == [] and c.lose("unknown", "never here") == []
+    assert c.on_prefetch_done(done(5, (), failed=("b",))) == []  # overtook its plan: kept until it comes
+    [(topic, lost)] = c.on_plan(plan(5, planned("b", 9), staging="prefill-0"))
+    assert topic == topics.EVENTS and isinstance(lost, RequestLost) and lost.request_id == "b"
+
+
+def test_a_running_request_is_lost_or_failed_once_and_forgotten() -> None:
+    c = core()
+    c.on_plan(plan(3, planned("a", 9), planned("b", 9)))
+    c.admitted("a")
+    c.admitted("b")
+    [(topic, lost)] = c.lose("a", "decode worker stopped before the request finished")
+    assert topic == topics.EVENTS and isinstance(lost, RequestLost)
+    failed = c.fail("b", "request refused: too long")  # a genuine error: the client gets it
+    assert [topic for topic, _ in failed] == [topics.tokens("gw"), topics.EVENTS]
+    assert isinstance(failed[0][1], RequestFinished) and failed[0][1].finish_reason is FinishReason.ERROR
+    assert c.running_ids == [] and c.fail("a", "x") == [] and c.lose("b", "x") == []
 
 
 def test_redelivered_and_foreign_plans_change_nothing() -> None:

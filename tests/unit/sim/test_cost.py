@@ -98,7 +98,7 @@ def test_cpu_fits_recover_known_coefficients() -> None:
         return DecodeSample(lens, 0.004 + 0.001 * len(lens) + 2e-6 * sum(lens))
 
     samples = [decode((s,) * b) for b in (1, 2, 4, 8) for s in (32, 256, 1024)]
-    assert fit_decode(samples) == pytest.approx((0.004, 0.001, 2e-6), rel=1e-6)
+    assert fit_decode(samples) == pytest.approx((0.004, 0.001, 2e-6, 0.0), rel=1e-6)
     prefills = [PrefillSample((n,), 0.01 + 1e-4 * n + 1e-8 * n * n) for n in (64, 256, 512, 1024)]
     assert fit_prefill(prefills) == pytest.approx((0.01, 1e-4, 1e-8), rel=1e-6)
     with pytest.raises(ValueError):
