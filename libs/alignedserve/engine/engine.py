@@ -22,7 +22,6 @@ from alignedserve.engine.attention import (
 from alignedserve.engine.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
 from alignedserve.engine.decode_kv import DecodeKv, GatheredKv, StagedKv
 from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
-from alignedserve.engine.linear import linear_kernel
 from alignedserve.engine.loader import LoadedModel, load
 from alignedserve.engine.model import kv_layout, paged_model
 from alignedserve.engine.request import (
@@ -68,9 +67,7 @@ class LLMEngine:
         dtype = _DTYPES[config.dtype]
         self.loaded = loaded or load(config.model, dtype, config.device, config.cache_dir)
         self.device = torch.device(config.device)
-        self.model = paged_model(
-            self.loaded.hf_model, linear_kernel(self.loaded.hf_model, config.linear_kernel)
-        )
+        self.model = paged_model(self.loaded.hf_model, config.linear_kernel)
         self.layout = kv_layout(self.model, config.block_size, dtype)
         self.max_model_len = min(config.max_model_len or self.model.max_context, self.model.max_context)
         budget = config.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES

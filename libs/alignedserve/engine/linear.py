@@ -8,7 +8,9 @@
   that repacking is a large share of the work. Measured on this 2-core CPU over SmolLM2's 210 layer
   weights (docs/engine.md): 64 rows 1.3-1.6x faster, 1-16 rows 1.4-2.5x, the LM head about 2x; larger
   row counts (long prefill chunks) gain nothing, so they keep `F.linear`. Results agree with `F.linear`
-  to ~1e-6 relative (a different summation order).
+  to ~1e-6 relative (a different summation order). Projections that read the same input (q/k/v; gate/up)
+  are packed as one concatenated weight and run as one call (`many`): one pass over the input, and
+  fewer, larger GEMMs.
 
 The packed copies cost the weights' size again in host memory; they are made once per loaded model and
 shared by every engine built on it.
@@ -30,11 +32,19 @@ PACKING_HINT_ROWS = 64
 MAX_PACKED_ROWS = 256
 
 
+FusedGroup = tuple[nn.Linear, ...]  # projections of one input, in output order
+
+
 class LinearKernel(Protocol):
     name: str
 
     def __call__(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """x: [T, in] -> [T, out] (bias included)."""
+        ...
+
+    def many(self, group: FusedGroup, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every projection of `group` applied to the same x: [T, in] -> [[T, out_i], ...] (may be views
+        of one [T, sum(out_i)] result)."""
         ...
 
 
@@ -45,27 +55,52 @@ class TorchLinear:
         out: torch.Tensor = module(x)
         return out
 
+    def many(self, group: FusedGroup, x: torch.Tensor) -> list[torch.Tensor]:
+        return [module(x) for module in group]
+
 
 class PackedCpuLinear:
     name = "onednn_packed"
 
-    def __init__(self, modules: list[nn.Linear]) -> None:
-        self._packed: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    def __init__(self, modules: list[nn.Linear], groups: list[FusedGroup]) -> None:
+        self._packed: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor | None]] = {}
+        grouped = {id(m) for group in groups for m in group}
         with torch.inference_mode():
             for module in modules:
-                weight = module.weight.detach()
-                packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKING_HINT_ROWS)
-                bias = None if module.bias is None else module.bias.detach()
-                self._packed[id(module)] = (packed, bias)
+                if id(module) not in grouped:
+                    self._packed[(id(module),)] = _pack((module,))
+            for group in groups:
+                self._packed[tuple(id(m) for m in group)] = _pack(group)
 
     def __call__(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        entry = self._packed.get(id(module))
+        entry = self._packed.get((id(module),))
         if entry is None or x.shape[0] > MAX_PACKED_ROWS:
             out: torch.Tensor = module(x)
             return out
-        packed, bias = entry
-        result: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-        return result
+        return _packed_linear(x, entry)
+
+    def many(self, group: FusedGroup, x: torch.Tensor) -> list[torch.Tensor]:
+        entry = self._packed.get(tuple(id(m) for m in group))
+        if entry is None or x.shape[0] > MAX_PACKED_ROWS:
+            return [module(x) for module in group]
+        fused = _packed_linear(x, entry)  # [T, sum(out_i)]
+        return list(torch.split(fused, [m.out_features for m in group], dim=-1))
+
+
+def _pack(group: FusedGroup) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One packed weight for the group's concatenated outputs (and the concatenated bias, if any)."""
+    weight = torch.cat([m.weight.detach() for m in group]) if len(group) > 1 else group[0].weight.detach()
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKING_HINT_ROWS)
+    if all(m.bias is None for m in group):
+        return packed, None
+    biases = [m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in group]
+    return packed, torch.cat(biases)
+
+
+def _packed_linear(x: torch.Tensor, entry: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+    packed, bias = entry
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return out
 
 
 _PACKED: weakref.WeakKeyDictionary[Any, PackedCpuLinear] = weakref.WeakKeyDictionary()
@@ -76,8 +111,9 @@ def packed_available(dtype: torch.dtype, device: torch.device) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and onednn
 
 
-def linear_kernel(hf_model: Any, name: str = "auto") -> LinearKernel:
-    """The kernel for a loaded transformers model; "auto": packed where available, else torch."""
+def linear_kernel(hf_model: Any, name: str = "auto", groups: list[FusedGroup] | None = None) -> LinearKernel:
+    """The kernel for a loaded transformers model; "auto": packed where available, else torch.
+    `groups`: projections of a shared input to pack as one (the model family names them)."""
     if name not in LINEAR_KERNELS:
         raise ValueError(f"linear kernel must be one of {LINEAR_KERNELS}, got {name!r}")
     weight = hf_model.lm_head.weight
@@ -88,6 +124,7 @@ def linear_kernel(hf_model: Any, name: str = "auto") -> LinearKernel:
         raise ValueError("onednn_packed needs float32 weights on a CPU with oneDNN (mkldnn) in torch")
     kernel = _PACKED.get(hf_model)
     if kernel is None:
-        kernel = PackedCpuLinear([m for m in hf_model.modules() if isinstance(m, nn.Linear)])
+        modules = [m for m in hf_model.modules() if isinstance(m, nn.Linear)]
+        kernel = PackedCpuLinear(modules, groups or [])
         _PACKED[hf_model] = kernel
     return kernel

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from alignedserve.engine.kv_cache import KvLayout
-from alignedserve.engine.linear import LinearKernel, TorchLinear
+from alignedserve.engine.linear import FusedGroup, LinearKernel, TorchLinear, linear_kernel
 
 
 class LayerAttention(Protocol):
@@ -73,16 +73,18 @@ class LlamaFamilyModel:
         for index, layer in enumerate(self.model.layers):
             x = layer.input_layernorm(h)
             attn = layer.self_attn
-            q = linear(attn.q_proj, x).view(tokens, self.heads, self.head_dim)
-            k = linear(attn.k_proj, x).view(tokens, self.kv_heads, self.head_dim)
-            v = linear(attn.v_proj, x).view(tokens, self.kv_heads, self.head_dim)
+            q, k, v = linear.many((attn.q_proj, attn.k_proj, attn.v_proj), x)
+            q = q.view(tokens, self.heads, self.head_dim)
+            k = k.view(tokens, self.kv_heads, self.head_dim)
+            v = v.view(tokens, self.kv_heads, self.head_dim)
             q = q * cos + _rotate_half(q) * sin  # same arithmetic as transformers' apply_rotary_pos_emb
             k = k * cos + _rotate_half(k) * sin
             o = attention(index, q, k, v, self.scale)  # [T, heads, d]
             h = h + linear(attn.o_proj, o.reshape(tokens, self.heads * self.head_dim))
             x = layer.post_attention_layernorm(h)
             mlp = layer.mlp  # gated: down(act(gate(x)) * up(x)), as transformers' LlamaMLP
-            h = h + linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, x)) * linear(mlp.up_proj, x))
+            gate, up = linear.many((mlp.gate_proj, mlp.up_proj), x)
+            h = h + linear(mlp.down_proj, mlp.act_fn(gate) * up)
         out: torch.Tensor = self.model.norm(h)
         return out
 
@@ -121,9 +123,10 @@ class OptModel:
             residual = h
             x = layer.self_attn_layer_norm(h) if self.pre_norm else h
             attn = layer.self_attn
-            q = (linear(attn.q_proj, x) * attn.scaling).view(tokens, self.heads, self.head_dim)
-            k = linear(attn.k_proj, x).view(tokens, self.heads, self.head_dim)
-            v = linear(attn.v_proj, x).view(tokens, self.heads, self.head_dim)
+            q, k, v = linear.many((attn.q_proj, attn.k_proj, attn.v_proj), x)
+            q = (q * attn.scaling).view(tokens, self.heads, self.head_dim)
+            k = k.view(tokens, self.heads, self.head_dim)
+            v = v.view(tokens, self.heads, self.head_dim)
             o = attention(index, q, k, v, 1.0)  # scaling already applied to q, as transformers does
             h = residual + linear(attn.out_proj, o.reshape(tokens, self.heads * self.head_dim))
             if not self.pre_norm:
@@ -151,6 +154,22 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _llama_groups(hf_model: Any) -> list[FusedGroup]:
+    """Projections that read the same input: q/k/v, and the MLP's gate/up."""
+    groups: list[FusedGroup] = []
+    for layer in hf_model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        groups += [(attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)]
+    return groups
+
+
+def _opt_groups(hf_model: Any) -> list[FusedGroup]:
+    return [
+        (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+        for layer in hf_model.model.decoder.layers
+    ]
+
+
 def _llama_context(config: Any) -> int:
     # Full attention only: where a sliding window applies, the context is capped at the window so that
     # plain causal attention over the whole cache stays exact.
@@ -164,11 +183,11 @@ def _llama_context(config: Any) -> int:
     return context
 
 
-def paged_model(hf_model: Any, linear: LinearKernel | None = None) -> PagedModel:
-    """The lean forward for a loaded transformers causal LM."""
+def paged_model(hf_model: Any, linear: str = "auto") -> PagedModel:
+    """The lean forward for a loaded transformers causal LM; `linear`: its linear kernel's name."""
     model_type = hf_model.config.model_type
     if model_type in ("llama", "mistral", "qwen2"):
-        return LlamaFamilyModel(hf_model, linear)
+        return LlamaFamilyModel(hf_model, linear_kernel(hf_model, linear, _llama_groups(hf_model)))
     if model_type == "opt":
-        return OptModel(hf_model, linear)
+        return OptModel(hf_model, linear_kernel(hf_model, linear, _opt_groups(hf_model)))
     raise ValueError(f"no paged forward for model type {model_type!r}; supported: llama, mistral, qwen2, opt")

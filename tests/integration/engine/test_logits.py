@@ -10,6 +10,7 @@ from transformers import PreTrainedModel
 
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
+from alignedserve.engine.linear import MAX_PACKED_ROWS
 from alignedserve.engine.loader import LoadedModel
 from alignedserve.engine.runner import DecodeRow, PrefillChunk
 
@@ -64,3 +65,25 @@ def test_smollm2_logits(smollm2: LoadedModel) -> None:
     engine = LLMEngine(EngineConfig(kv_cache_bytes=64 * 2**20), loaded=smollm2)
     prompts = mixed_prompts(5, int(smollm2.config.vocab_size), long_lengths=[150], seed=4)
     check_prefill_then_decode(engine, smollm2.hf_model, prompts)
+
+
+@pytest.mark.parametrize("model_name", ["tiny_llama", "tiny_opt"])
+@pytest.mark.parametrize("linear", ["torch", "onednn_packed"])
+def test_each_linear_kernel_matches_transformers(
+    model_name: str, linear: str, request: pytest.FixtureRequest
+) -> None:
+    """Short prompts (one forward of < MAX_PACKED_ROWS tokens) so prefill and decode both run the kernel:
+    oneDNN-packed weights, q/k/v (and gate/up) fused into one call, OPT's biases included."""
+    model: PreTrainedModel = request.getfixturevalue(model_name)
+    engine = tiny_engine(model, linear_kernel=linear)
+    kernel = engine.model.linear  # type: ignore[attr-defined]
+    assert kernel.name == linear
+    prompts = mixed_prompts(6, model.config.vocab_size, long_lengths=[40], seed=5)
+    assert sum(map(len, prompts)) <= MAX_PACKED_ROWS
+    check_prefill_then_decode(engine, model, prompts)
+
+
+def test_packed_weights_are_made_once_per_loaded_model(tiny_llama: PreTrainedModel) -> None:
+    first = tiny_engine(tiny_llama, linear_kernel="onednn_packed").model.linear  # type: ignore[attr-defined]
+    second = tiny_engine(tiny_llama).model.linear  # type: ignore[attr-defined]  # "auto" on CPU float32
+    assert first is second
