@@ -26,6 +26,9 @@ class EngineWorkerSettings(WorkerSettings):
     attention: Literal["auto", "padded", "bucketed", "per_sequence"] = Field(
         "auto", description="decode attention strategy (auto picks per batch shape)"
     )
+    linear_kernel: Literal["auto", "torch", "onednn_packed"] = Field(
+        "auto", description="linear layers: auto = oneDNN-packed weights on CPU float32, else torch's"
+    )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU; unset: torch's")
     advertise_host: str = Field("127.0.0.1", description="address other workers reach this UCX endpoint at")
     transfer_port: int = Field(0, ge=0, le=65535, description="UCX listener port (0: any free port)")
@@ -50,5 +53,6 @@ class EngineWorkerSettings(WorkerSettings):
             max_prefill_tokens=self.max_prefill_tokens,
             max_model_len=self.max_model_len,
             attention=self.attention,
+            linear_kernel=self.linear_kernel,
             num_threads=self.num_threads,
         )

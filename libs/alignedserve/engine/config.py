@@ -33,7 +33,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own context length
     attention: str = "auto"  # decode attention strategy; "auto" picks per batch shape
     linear_kernel: str = "auto"  # "auto": oneDNN-packed weights on CPU float32, else the torch module
-    staged_kv_bytes: int = 1024**3  # decode K/V kept contiguous across iterations; 0: gather each one
+    staged_kv_bytes: int = 4 * 1024**3  # decode K/V kept contiguous across iterations; 0: gather each one
     timings: bool = False  # record per-iteration linear/attention time split
     num_threads: int | None = None  # torch intra-op threads on CPU (None: leave torch's default)
     cache_dir: str | None = (

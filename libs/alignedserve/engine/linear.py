@@ -3,12 +3,11 @@
 - `TorchLinear`: the module itself (`F.linear`). Used on CUDA, for bfloat16 and wherever oneDNN is
   missing.
 - `PackedCpuLinear`: float32 on CPU. Every weight is also kept in oneDNN's blocked ("packed") layout,
-  made once at load; forwards of up to `MAX_PACKED_ROWS` tokens (decode iterations, short prefills) call
-  oneDNN's linear on it. `F.linear` repacks the weight inside every call; with one to a few hundred rows
-  that repacking is a large share of the work. Measured on this 2-core CPU over SmolLM2's 210 layer
-  weights (docs/engine.md): 64 rows 1.3-1.6x faster, 1-16 rows 1.4-2.5x, the LM head about 2x; larger
-  row counts (long prefill chunks) gain nothing, so they keep `F.linear`. Results agree with `F.linear`
-  to ~1e-6 relative (a different summation order). Projections that read the same input (q/k/v; gate/up)
+  made once at load, and every forward calls oneDNN's linear on it. `F.linear` repacks the weight inside
+  every call, a large share of the work at decode's row counts. Measured on this 2-core CPU over all of
+  SmolLM2's linears, interleaved in one process (docs/engine.md): 1.4-1.9x faster at 1-128 rows,
+  1.36-1.46x at 192-256, 1.2x at 1024-2048 (prefill chunks). Results agree with `F.linear` to ~1e-6
+  relative (a different summation order). Projections that read the same input (q/k/v; gate/up)
   are packed as one concatenated weight and run as one call (`many`): one pass over the input, and
   fewer, larger GEMMs.
 
@@ -27,9 +26,8 @@ from torch import nn
 from alignedserve.engine.config import LINEAR_KERNELS
 
 # Row count the packed layout is tuned for (oneDNN picks its blocking from it); decode batches here.
+# Any row count works with it; 64 was as fast as or faster than 1, 256 or 1024 over decode's shapes.
 PACKING_HINT_ROWS = 64
-# Above this many rows F.linear's own packing is amortised and the packed call no longer wins.
-MAX_PACKED_ROWS = 256
 
 
 FusedGroup = tuple[nn.Linear, ...]  # projections of one input, in output order
@@ -74,14 +72,14 @@ class PackedCpuLinear:
 
     def __call__(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         entry = self._packed.get((id(module),))
-        if entry is None or x.shape[0] > MAX_PACKED_ROWS:
+        if entry is None:  # a module the model did not have at load
             out: torch.Tensor = module(x)
             return out
         return _packed_linear(x, entry)
 
     def many(self, group: FusedGroup, x: torch.Tensor) -> list[torch.Tensor]:
         entry = self._packed.get(tuple(id(m) for m in group))
-        if entry is None or x.shape[0] > MAX_PACKED_ROWS:
+        if entry is None:
             return [module(x) for module in group]
         fused = _packed_linear(x, entry)  # [T, sum(out_i)]
         return list(torch.split(fused, [m.out_features for m in group], dim=-1))
