@@ -48,9 +48,11 @@ class PerSequenceGrouping:
 
 
 class BucketedGrouping:
-    """Rows sorted by length; a new group starts when padding a row to the group's longest context would
-    waste more than `max_pad_tokens` keys (an extra call costs about that much), or when the group's
-    padded keys would pass `max_group_keys` (large gathers fall out of cache and cost page faults)."""
+    """Rows sorted by length; a new bucket starts when padding a row to the bucket's longest context would
+    waste more than `max_pad_tokens` keys (an extra call costs about that much). A bucket whose padded
+    keys pass `max_group_keys` (large gathers fall out of cache and cost page faults) is cut into the
+    fewest near-equal groups under the cap: which rows share a group then changes only when the number
+    of groups does, so staged K/V buffers (`decode_kv.StagedKv`) survive the iterations in between."""
 
     name = "bucketed"
 
@@ -60,19 +62,20 @@ class BucketedGrouping:
 
     def groups(self, context_lens: list[int]) -> list[list[int]]:
         order = sorted(range(len(context_lens)), key=lambda row: -context_lens[row])
-        groups: list[list[int]] = []
+        buckets: list[list[int]] = []
         longest = -1
         for row in order:
             length = context_lens[row]
-            if (
-                not groups
-                or longest - length > self.max_pad_tokens
-                or (len(groups[-1]) + 1) * longest > self.max_group_keys
-            ):
-                groups.append([])
+            if not buckets or longest - length > self.max_pad_tokens:
+                buckets.append([])
                 longest = length
-            groups[-1].append(row)
-        return groups
+            buckets[-1].append(row)
+        return [group for bucket in buckets for group in self._split(bucket, context_lens[bucket[0]])]
+
+    def _split(self, rows: list[int], longest: int) -> list[list[int]]:
+        parts = max(1, -(-len(rows) * longest // self.max_group_keys))
+        size = -(-len(rows) // parts)
+        return [rows[start : start + size] for start in range(0, len(rows), size)]
 
 
 def plan_decode(
