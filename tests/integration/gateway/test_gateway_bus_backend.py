@@ -366,9 +366,12 @@ async def test_requests_of_a_silent_or_restarted_worker_move_and_those_of_a_stop
         await _until_ready(client)
         ids = smollm2_tokenizer.encode_text(ANSWER)[:6]
         decode = smollm2_tokenizer.tokenizer.decode
-        killed, stopped, restarted = Reader(client, BODY), Reader(client, BODY), Reader(client, BODY)
+        # one at a time: concurrent requests may reach the bus in any order, and each reader must know its id
+        killed = Reader(client, BODY)
         a = await _next_for(workers, "cmpl-")
+        stopped = Reader(client, BODY)
         b = await _next_for(workers, "cmpl-")
+        restarted = Reader(client, BODY)
         c = await _next_for(workers, "cmpl-")
         await workers.heartbeat(ServiceKind.DECODE, "decode-1")  # then killed: never beats again
         await workers.heartbeat(ServiceKind.DECODE, "decode-2")  # drained: hands its requests back

@@ -28,7 +28,7 @@ def _decode_seconds(kv_lens: tuple[int, ...]) -> float:
 def _samples() -> tuple[list[DecodeSample], list[PrefillSample]]:
     shapes = [(p,) * b for b in (1, 4, 16) for p in (64, 256, 1024)] + [(64,) * 12 + (1024,) * 4]
     decode = [DecodeSample(s, _decode_seconds(s)) for s in shapes]
-    decode.append(DecodeSample((1024,) * 48, 2.0))  # past the staged K/V budget: gathered, much slower
+    decode.append(DecodeSample((2048,) * 48, 4.0))  # past the staged K/V budget: gathered, much slower
     prefill = [
         PrefillSample((n,) * k, 0.06 + 1.4e-3 * n * k + 3e-7 * n * n * k)
         for n, k in ((16, 1), (256, 1), (1024, 1), (32, 8))
@@ -52,7 +52,7 @@ def test_fit_recovers_the_model_and_reports_the_gathered_regime_apart(
     argv = ["calibrate", "--samples", str(samples), "--kv-bytes-per-token", str(KV_BYTES), "--out", str(out)]
     assert main([*argv, "--write-samples", str(again)]) == 0
     err = capsys.readouterr().err
-    assert "decode fit: R² 1.0000" in err and "48x1024" in err
+    assert "decode fit: R² 1.0000" in err and "48x2048" in err
     assert read_samples(again) == (decode, prefill)
     model = load_cpu_model(out)
     c = model.calibration.coefficients
@@ -64,7 +64,7 @@ def test_fit_recovers_the_model_and_reports_the_gathered_regime_apart(
     assert fit["decode"]["r2"] == pytest.approx(1.0) and fit["decode"]["max_relative"] < 1e-6
     assert len(fit["decode"]["residuals"]) == model.calibration.decode_samples == len(decode) - 1
     gathered = fit["decode_gathered_not_fitted"]["residuals"]
-    assert [r["shape"] for r in gathered] == ["48x1024"] and gathered[0]["predicted_s"] < 2.0
+    assert [r["shape"] for r in gathered] == ["48x2048"] and gathered[0]["predicted_s"] < 4.0
     assert fit["prefill"]["rms_relative"] < 1e-6
 
 
