@@ -10,6 +10,7 @@ the client still gets one continuous answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import uuid
@@ -354,16 +355,25 @@ async def _beat_forever(workers: FakeWorkers, *who: tuple[ServiceKind, str]) -> 
         await asyncio.sleep(0.2)
 
 
-@pytest.mark.parametrize("worker_timeout_s", [1.0])
-async def test_requests_of_a_silent_or_restarted_worker_move_and_those_of_a_stopped_one_do_not(
-    stack: tuple[httpx.AsyncClient, FakeWorkers, BusBackend], smollm2_tokenizer: PromptTokenizer
-) -> None:
-    client, workers, _ = stack
+@contextlib.asynccontextmanager
+async def _live_cluster(client: httpx.AsyncClient, workers: FakeWorkers) -> AsyncIterator[None]:
+    """prefill-0 and decode-0 beat every 0.2 s, and the gateway is ready, while the block runs."""
     live = asyncio.create_task(
         _beat_forever(workers, (ServiceKind.PREFILL, "prefill-0"), (ServiceKind.DECODE, "decode-0"))
     )
     try:
         await _until_ready(client)
+        yield
+    finally:
+        live.cancel()
+
+
+@pytest.mark.parametrize("worker_timeout_s", [1.0])
+async def test_requests_of_a_silent_or_restarted_worker_move_and_those_of_a_stopped_one_do_not(
+    stack: tuple[httpx.AsyncClient, FakeWorkers, BusBackend], smollm2_tokenizer: PromptTokenizer
+) -> None:
+    client, workers, _ = stack
+    async with _live_cluster(client, workers):
         ids = smollm2_tokenizer.encode_text(ANSWER)[:6]
         decode = smollm2_tokenizer.tokenizer.decode
         # one at a time: concurrent requests may reach the bus in any order, and each reader must know its id
@@ -405,8 +415,6 @@ async def test_requests_of_a_silent_or_restarted_worker_move_and_those_of_a_stop
         assert (
             'alignedserve:request_migrations_total{model_name="smollm2",reason="worker_died"} 2.0' in metrics
         )
-    finally:
-        live.cancel()
 
 
 @pytest.mark.parametrize("worker_timeout_s", [1.0])
@@ -414,11 +422,7 @@ async def test_a_request_not_prefilled_yet_moves_when_a_prefill_worker_dies(
     stack: tuple[httpx.AsyncClient, FakeWorkers, BusBackend], smollm2_tokenizer: PromptTokenizer
 ) -> None:
     client, workers, _ = stack
-    live = asyncio.create_task(
-        _beat_forever(workers, (ServiceKind.PREFILL, "prefill-0"), (ServiceKind.DECODE, "decode-0"))
-    )
-    try:
-        await _until_ready(client)
+    async with _live_cluster(client, workers):
         ids = smollm2_tokenizer.encode_text(ANSWER)[:6]
         reader = Reader(client, BODY)
         first = await _next_for(workers, "cmpl-")
@@ -434,5 +438,3 @@ async def test_a_request_not_prefilled_yet_moves_when_a_prefill_worker_dies(
         assert (
             'alignedserve:request_migrations_total{model_name="smollm2",reason="prefill_died"} 1.0' in metrics
         )
-    finally:
-        live.cancel()
