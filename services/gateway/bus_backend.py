@@ -91,6 +91,7 @@ class _Worker:
     state: WorkerState
     seq: int
     seen_at: float  # time.monotonic() of the last heartbeat
+    started_at: float  # wall clock its process started: tells a restart from a late beat
 
 
 @dataclass
@@ -101,16 +102,28 @@ class _Cluster:
     decode_status: dict[str, DecodeStatus] = field(default_factory=dict)
     kv_pool_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # kvpool id -> (used, capacity)
 
-    def heartbeat(self, beat: WorkerHeartbeat, now: float) -> None:
+    def heartbeat(self, beat: WorkerHeartbeat, now: float) -> bool:
+        """Record a beat; True when it comes from a newer process than the one last seen under its id
+        (the old process, and whatever it held, is gone). seq counts per process: a restarted worker's
+        low seq is not a late beat."""
         known = self.workers.get(beat.worker_id)
-        if known is not None and beat.seq < known.seq and beat.state is not WorkerState.STARTING:
-            return  # an older beat delivered late
-        self.workers[beat.worker_id] = _Worker(beat.kind, beat.state, beat.seq, now)
+        if known is not None and (
+            beat.started_at < known.started_at
+            or (
+                beat.started_at == known.started_at
+                and beat.seq < known.seq
+                and beat.state is not WorkerState.STARTING
+            )
+        ):
+            return False  # a beat of an older process, or of this one, delivered late
+        self.workers[beat.worker_id] = _Worker(beat.kind, beat.state, beat.seq, now, beat.started_at)
+        restarted = known is not None and beat.started_at > known.started_at
         if beat.state is WorkerState.STOPPED:
             self.decode_status.pop(beat.worker_id, None)
             self.kv_pool_bytes.pop(beat.worker_id, None)
         elif beat.kind is ServiceKind.KVPOOL and beat.kv_capacity_bytes > 0:
             self.kv_pool_bytes[beat.worker_id] = (beat.kv_used_bytes, beat.kv_capacity_bytes)
+        return restarted
 
     def status(self, report: DecodeStatus) -> None:
         known = self.decode_status.get(report.worker_id)
@@ -152,7 +165,6 @@ class BusBackend:
         self._book = MigrationBook(self.options.max_migrations)
         self._migrations: collections.Counter[str] = collections.Counter()  # reason -> migrations
         self._dead_prefill: set[str] = set()  # dead prefill workers whose requests were moved already
-        self._started: dict[str, float] = {}  # worker id -> started_at of its latest process
 
     @classmethod
     def from_url(cls, url: str, options: BusBackendOptions | None = None) -> BusBackend:
@@ -324,8 +336,7 @@ class BusBackend:
             decision = self._book.lost(message.request_id, KV_LOST, f"{message.worker_id}: {message.reason}")
             await self._move(decision)
         elif isinstance(message, WorkerHeartbeat):
-            restarted = self._restarted(message)
-            self._cluster.heartbeat(message, time.monotonic())
+            restarted = self._cluster.heartbeat(message, time.monotonic())
             if restarted:  # back before it was missed: what its old process held is gone all the same
                 await self._move_held_by({message.worker_id}, "restarted")
         elif isinstance(message, DecodeStatus):
@@ -405,13 +416,6 @@ class BusBackend:
             tracked = self._book.get(request_id)
             holder = tracked.holder if tracked is not None else "?"
             await self._move(self._book.migrate(request_id, WORKER_DIED, f"{holder} {what}"))
-
-    def _restarted(self, beat: WorkerHeartbeat) -> bool:
-        """A beat from a newer process under a known worker id: the old process is gone."""
-        before = self._started.get(beat.worker_id)
-        if beat.started_at > (before or 0.0):
-            self._started[beat.worker_id] = beat.started_at
-        return before is not None and beat.started_at > before
 
     async def _move(self, decision: Migration | GiveUp | None) -> None:
         """Apply the book's decision: cancel the old incarnation everywhere, then prefill the new one."""
