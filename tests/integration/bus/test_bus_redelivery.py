@@ -41,9 +41,13 @@ class Proc:
 
     async def wait_for(self, prefix: str, timeout: float = 20.0) -> str:
         def seen() -> bool:
-            if self.process.returncode not in (None, -signal.SIGKILL):
+            # The line first: a child that said it and then exited normally has done what was awaited.
+            if self.said(prefix):
+                return True
+            exited = self.process.returncode not in (None, -signal.SIGKILL)
+            if exited and self._reader.done():  # its last lines are read: it never said it
                 raise AssertionError(f"child exited with {self.process.returncode}: {self.lines}")
-            return bool(self.said(prefix))
+            return False
 
         await eventually(seen, timeout, what=f"{prefix!r} from {PROCS.name}")
         return self.said(prefix)[0]
