@@ -129,8 +129,15 @@ class BatcherCore:
             min_requests=self.rules.min_batch,
             max_requests=self.rules.max_batch,
         )
-        chosen = self.policy.form_batch(limits, now, decode_idle=status.idle)
+        chosen = self.policy.form_batch(limits, now, decode_unsaturated=self._unsaturated(status))
         return self._plan(worker, chosen, CandidateBuffer.BATCH)
+
+    def _unsaturated(self, status: DecodeStatus) -> bool:
+        """The low-load rule per worker: below K_min running (or staged to join) it is not saturated,
+        so a thin batch now costs it nothing, while holding requests for alignment delays their first
+        decode step by whole batches (the closed-loop P99 TPOT of the aligned policy measured 5x fcfs's
+        when only an idle worker counted)."""
+        return status.idle or status.running + status.candidate_requests < self.rules.min_batch
 
     def _dynamic_candidates(self, worker: _Worker) -> BatchPlan | None:
         status = worker.status

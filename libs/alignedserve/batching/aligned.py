@@ -52,9 +52,9 @@ class AlignedPolicy:
         threshold = now - self.starvation_s
         return threshold if self.tree.oldest[0] <= threshold else None
 
-    def form_batch(self, limits: BatchLimits, now: float, decode_idle: bool) -> list[WaitingRequest]:
+    def form_batch(self, limits: BatchLimits, now: float, decode_unsaturated: bool) -> list[WaitingRequest]:
         starved_before = self.starved_before(now)
-        if len(self.tree) < limits.min_requests and not decode_idle and starved_before is None:
+        if len(self.tree) < limits.min_requests and not decode_unsaturated and starved_before is None:
             return []  # low load with a busy worker: wait for more rather than ship a thin batch
         result = density_first_search(self.tree, limits, starved_before)
         if not result.requests and starved_before is not None:

@@ -48,8 +48,13 @@ class BatchPolicy(Protocol):
 
     def __contains__(self, request_id: object) -> bool: ...
 
-    def form_batch(self, limits: BatchLimits, now: float, decode_idle: bool) -> list[WaitingRequest]:
-        """Choose, remove from the pool and return the next batch ([] when it should wait for more)."""
+    def form_batch(self, limits: BatchLimits, now: float, decode_unsaturated: bool) -> list[WaitingRequest]:
+        """Choose, remove from the pool and return the next batch ([] when it should wait for more).
+
+        `decode_unsaturated`: the target decode worker runs fewer than K_min requests (idle included).
+        Such a worker gains throughput from any request at once, so with fewer than K_min waiting the
+        policy ships what there is instead of holding it for a fuller, better aligned batch.
+        """
         ...
 
     def prefetch_candidates(

@@ -227,18 +227,20 @@ class Cluster:
         self.tick_at = None
         wanting = [d for d in self.decoders if not d.staging_batch]
         wanting.sort(key=lambda d: (not d.idle, d.index))  # idle workers first
-        refused: set[bool] = set()  # the policy said "wait" for this decode_idle: same pool, same answer
+        refused: set[bool] = (
+            set()
+        )  # the policy said "wait" for this decode_unsaturated: same pool, same answer
         for worker in wanting:
-            idle = worker.idle
-            if not len(self.policy) or idle in refused:
+            unsaturated = worker.unsaturated(self.limits.min_requests)
+            if not len(self.policy) or unsaturated in refused:
                 continue
             started = time.perf_counter()
-            batch = self.policy.form_batch(self.limits, now, idle)
+            batch = self.policy.form_batch(self.limits, now, unsaturated)
             self.metrics.form_s.append(time.perf_counter() - started)
             if batch:
                 self._stage(worker, batch, now, as_batch=True)
             else:
-                refused.add(idle)
+                refused.add(unsaturated)
         retry = self.config.batcher_retry_s
         if retry is not None and len(self.policy) and any(not d.staging_batch for d in self.decoders):
             self._want_tick(now, retry)
@@ -302,6 +304,8 @@ class Cluster:
         stall = self._apply(worker, state, plan, now)
         if plan.finished or plan.evicted:
             self._dynamic_prefetch(worker, now)
+            if worker.unsaturated(self.limits.min_requests) and len(self.policy):
+                self._want_tick(now)  # it dropped below K_min: what waits may go out now
         if not worker.candidate_batch and worker.staging_batch:
             worker.staging_batch = False  # the staged batch is all in: form the next one
             self._want_tick(now)

@@ -77,6 +77,10 @@ class DecodeWorker:
         """Nothing running and nothing waiting for it: the batcher should not wait for a full batch."""
         return not self.running and not self.candidate_batch and not self.candidate_requests
 
+    def unsaturated(self, min_requests: int) -> bool:
+        """Fewer than K_min running or waiting to join: any batch now adds throughput (the low-load rule)."""
+        return len(self.running) + len(self.candidate_requests) < min_requests
+
     def join(self, request: SimRequest) -> None:
         self.running[request.request_id] = request
         self.used_blocks += request.blocks

@@ -44,7 +44,7 @@ class Harness:
     def step(self, now: float) -> None:
         if not self.cand_batch:
             limits = BatchLimits(max_blocks=CAPACITY - 2, min_requests=3, max_requests=6)
-            batch = self.policy.form_batch(limits, now, decode_idle=not self.running)
+            batch = self.policy.form_batch(limits, now, decode_unsaturated=not self.running)
             self.next_batch += 1
             self.cand_batch = [
                 ScheduledRequest(r.request_id, r.prefix_len, r.blocks, self.next_batch) for r in batch

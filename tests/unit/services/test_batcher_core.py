@@ -84,6 +84,16 @@ def test_a_busy_worker_waits_for_a_full_batch_then_gets_the_aligned_pair() -> No
     assert c.waiting == 1
 
 
+def test_a_worker_running_fewer_than_k_min_gets_what_waits_at_once() -> None:
+    c = core(min_batch=8, dynamic_prefetch=False)
+    c.on_status(status(1, idle=False, running=5, lo=50, hi=60), now=0.0)
+    [plan] = c.on_kv_ready(ready("far", 1000), now=0.0)  # out of range, alone: 5 running < K_min
+    assert plan.buffer is CandidateBuffer.BATCH and plan.request_ids == ("far",)
+    saturated = core(min_batch=8, dynamic_prefetch=False)
+    saturated.on_status(status(1, idle=False, running=6, lo=50, hi=60, cand_requests=2), now=0.0)
+    assert saturated.on_kv_ready(ready("far", 1000), now=0.0) == []  # 6 + 2 joining = K_min: wait
+
+
 def test_dynamic_prefetch_stages_requests_in_the_running_range() -> None:
     c = core(min_batch=8)
     c.on_kv_ready(ready("in", 500), now=0.0)
