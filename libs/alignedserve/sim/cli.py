@@ -22,6 +22,7 @@ from alignedserve.batching.policies import POLICY_NAMES, make_policy
 from alignedserve.batching.scheduler import plan_iteration
 from alignedserve.sim.arrivals import OPEN_LOOP, ArrivalProcess, ClosedLoop
 from alignedserve.sim.cluster import Cluster, ClusterConfig
+from alignedserve.sim.compute import COMPUTE
 from alignedserve.sim.cost import CostModel, cost_model_names, make_cost_model
 from alignedserve.sim.deployments import DEPLOYMENTS, Deployment
 from alignedserve.sim.records import SimulationError
@@ -99,6 +100,11 @@ def _parser() -> argparse.ArgumentParser:
         help="aging threshold, 0: off (paper: off, as in its runs; stack: the batcher's 10 s)",
     )
     c.add_argument("--no-dynamic-prefetch", action="store_true", help="aligned/window: no in-range pulls")
+    c.add_argument(
+        "--compute",
+        choices=sorted(COMPUTE),
+        help="dedicated: a device per worker (paper); shared: all engines on one machine's cores (stack)",
+    )
     c.add_argument(
         "--exact-iterations", action="store_true", help="call the scheduler every iteration (slow)"
     )
@@ -186,6 +192,7 @@ def _deployment(args: argparse.Namespace) -> Deployment:
         "fill": args.fill,
         "range_slack": args.range_slack,
         "max_prefill_tokens": args.max_prefill_tokens,
+        "compute": args.compute,
     }
     d = replace(d, **{k: v for k, v in overrides.items() if v is not None})
     if args.min_batch is not None:

@@ -35,6 +35,7 @@ from alignedserve.batching.types import (
     WaitingRequest,
 )
 from alignedserve.sim.arrivals import OPEN_LOOP, ArrivalProcess
+from alignedserve.sim.compute import COMPUTE, Ends
 from alignedserve.sim.cost import CostModel, Link
 from alignedserve.sim.decode import DecodeWorker, Span
 from alignedserve.sim.metrics import Metrics
@@ -45,6 +46,7 @@ Planner = Callable[[IterationState], IterationPlan]
 
 # event kinds, in the order ties at the same instant are handled
 _PREFILL_DONE, _KV_READY, _BATCH_TICK, _DECODE_BOUNDARY = 0, 1, 2, 3
+_PREFILL, _DECODE = "prefill", "decode"  # compute jobs: (kind, worker index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class ClusterConfig:
     # (starvation aging); None: ask only when the pool or a worker changes
     batcher_retry_s: float | None = None
     exact_iterations: bool = False  # call the scheduler at every iteration (no spans): for checking
+    compute: str = "dedicated"  # engines on devices of their own, or "shared" cores (compute.py)
     arrivals: ArrivalProcess = OPEN_LOOP  # when requests enter (open loop: their own timestamps)
 
 
@@ -80,6 +83,9 @@ class Cluster:
             raise ValueError("need at least one prefill and one decode worker")
         if not 0 < config.fill <= 1:
             raise ValueError(f"fill must be in (0, 1], got {config.fill}")
+        if config.compute not in COMPUTE:
+            raise ValueError(f"compute must be one of {sorted(COMPUTE)}, got {config.compute!r}")
+        self.compute = COMPUTE[config.compute]()
         self.cost = cost
         self.policy = policy
         self.planner = planner
@@ -108,6 +114,7 @@ class Cluster:
         self.arrivals = config.arrivals.start(self.by_index)
         self.prefill_links = [FifoLink() for _ in range(config.prefill_workers)]
         self.prefill_busy: list[list[SimRequest] | None] = [None] * config.prefill_workers
+        self.prefill_version = [0] * config.prefill_workers  # a re-timed pass leaves stale done events
         self.prefill_queue: deque[SimRequest] = deque()
         self.waiting: dict[str, SimRequest] = {}  # in the policy's pool
         self.events: list[tuple[float, int, int, int, int]] = []  # (time, kind, seq, a, b)
@@ -184,12 +191,16 @@ class Cluster:
                 tokens += self.prefill_queue[0].input_len
                 chunk.append(self.prefill_queue.popleft())
             self.prefill_busy[worker] = chunk
-            self._push(now + self.cost.prefill_s([r.input_len for r in chunk]), _PREFILL_DONE, worker)
+            work = self.cost.prefill_s([r.input_len for r in chunk])
+            self._retime(self.compute.start((_PREFILL, worker), work, now))
 
-    def _prefill_done(self, now: float, worker: int, _: int) -> None:
+    def _prefill_done(self, now: float, worker: int, version: int) -> None:
+        if version != self.prefill_version[worker]:
+            return  # re-timed: a later event ends this pass
         chunk = self.prefill_busy[worker]
         assert chunk is not None
         self.prefill_busy[worker] = None
+        self._retime(self.compute.finish((_PREFILL, worker), now))
         link = self.prefill_links[worker]
         for r in chunk:
             r.first_token_at = now
@@ -295,6 +306,7 @@ class Cluster:
         worker.wake_at = None
         finished: list[SimRequest] = []
         if worker.span is not None:
+            self._retime(self.compute.finish((_DECODE, index), now))
             finished = worker.advance(worker.span, worker.span.iterations)
             worker.span = None
         state = worker.state(frozenset(r.request_id for r in finished), now)
@@ -319,7 +331,8 @@ class Cluster:
                 raise SimulationError(f"decode worker {index} is idle but its scheduler admitted nothing")
             return
         quiet = not (plan.finished or plan.evicted or plan.admitted)
-        iterations = 1 if self.config.exact_iterations or not quiet else worker.quiet_iterations()
+        one_by_one = self.config.exact_iterations or self.compute.per_iteration
+        iterations = 1 if one_by_one or not quiet else worker.quiet_iterations()
         span = Span(
             now, stall, iterations, self.cost.decode_span([r.prefix + 1 for r in worker.running.values()])
         )
@@ -327,8 +340,22 @@ class Cluster:
         ready = worker.next_ready_after(now)
         if ready is not None:
             span.iterations = min(span.iterations, span.first_boundary_at_or_after(ready))
-        worker.version += 1
-        self._push(now + span.offset(span.iterations), _DECODE_BOUNDARY, worker.index, worker.version)
+        self._retime(self.compute.start((_DECODE, index), span.offset(span.iterations), now))
+
+    def _retime(self, ends: Ends) -> None:
+        """(Re)schedule the completion events of the jobs whose end the compute strategy set."""
+        for (kind, index), when in ends:
+            if kind == _PREFILL:
+                self.prefill_version[index] += 1
+                self._push(when, _PREFILL_DONE, index, self.prefill_version[index])
+                continue
+            worker = self.decoders[index]
+            span = worker.span
+            assert span is not None
+            # sharing stretched (or shrank) the iteration: its end, and so its tokens' times, move
+            span.stall_s += when - (span.start + span.offset(span.iterations))
+            worker.version += 1
+            self._push(when, _DECODE_BOUNDARY, index, worker.version)
 
     def _apply(self, worker: DecodeWorker, state: IterationState, plan: IterationPlan, now: float) -> float:
         """Carry out a plan; returns the KV-transfer stall before the next iteration."""

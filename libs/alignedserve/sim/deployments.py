@@ -6,7 +6,9 @@
   CPU cost model — the batcher's K_min 16, max batch 64, fill 0.85, aging after 10 s, range slack 64
   and quad-tree range 32,768 (services/batcher/config.py); dynamic prefetch for every policy (the
   batcher's switch does not depend on the policy); the prefill worker's 2,048-token passes
-  (services/common/engine_settings.py); one prefill and one decode worker, as the e2e benchmark runs.
+  (services/common/engine_settings.py); one prefill and one decode worker, as the e2e benchmark runs,
+  on the same machine's cores (`compute.SharedCores`: a prefill pass and a decode iteration that
+  overlap split the CPU, as `alignedserve up` runs them).
   A unit test checks these against the services' settings.
 
 Every value can still be overridden by its flag.
@@ -35,6 +37,7 @@ class Deployment:
     max_len: int | None  # quad-tree range; None: just above the workload's longest prompt
     max_prefill_tokens: int
     dynamic_prefetch_policies: frozenset[str]
+    compute: str  # "dedicated": a device per worker; "shared": every engine on the same cores
 
     def min_batch_for(self, policy: str) -> int:
         return self.fcfs_min_batch if policy == "fcfs" else self.min_batch
@@ -56,6 +59,7 @@ class Deployment:
             # aging makes the policy's answer change with time alone: re-ask a few times per threshold
             batcher_retry_s=self.starvation_s / 4 if self.starvation_s else None,
             arrivals=arrivals,
+            compute=self.compute,
         )
 
 
@@ -73,6 +77,7 @@ PAPER = Deployment(
     max_len=None,
     max_prefill_tokens=8192,
     dynamic_prefetch_policies=frozenset({"aligned", "window"}),
+    compute="dedicated",
 )
 
 STACK = Deployment(
@@ -89,6 +94,7 @@ STACK = Deployment(
     max_len=32768,
     max_prefill_tokens=2048,
     dynamic_prefetch_policies=frozenset({"aligned", "window", "fcfs"}),
+    compute="shared",
 )
 
 DEPLOYMENTS = {d.name: d for d in (PAPER, STACK)}
