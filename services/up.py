@@ -22,6 +22,11 @@ from urllib.parse import urlsplit
 
 from alignedserve.bus import embedded
 
+# Engines on one machine's cores: OpenMP threads that spin while they wait for work take the cores from
+# the other engine. Beside a prefill loop, a decode step took 3.1x its time alone with libgomp's default
+# spinning and 1.3x with passive waiting (two engines of 2 threads on 2 cores; docs/benchmarks.md).
+ENGINE_ENV_ON_SHARED_CPU = {"OMP_WAIT_POLICY": "PASSIVE"}
+ENGINE_SERVICES = ("prefill", "decode")
 READY_TIMEOUT_S = 600.0  # first start converts the GGUF weights once; later starts take seconds
 STOP_TIMEOUT_S = 30.0
 
@@ -112,10 +117,20 @@ def ensure_broker(bus: str | None) -> tuple[embedded.EmbeddedBroker | None, str]
     return embedded.ensure_redis(parts.port or embedded.DEFAULT_PORTS["redis"]), url
 
 
-def start(name: str, argv: list[str], log_dir: Path) -> tuple[subprocess.Popen[bytes], Path]:
+def engine_env(cfg: UpConfig, argv: list[str]) -> dict[str, str]:
+    """What an engine process on this machine's CPU needs beside the others; what the user exported
+    wins (e.g. OMP_WAIT_POLICY=ACTIVE for a single worker with the cores to itself)."""
+    if argv[0] not in ENGINE_SERVICES or cfg.device != "cpu":
+        return {}
+    return {k: v for k, v in ENGINE_ENV_ON_SHARED_CPU.items() if k not in os.environ}
+
+
+def start(
+    name: str, argv: list[str], log_dir: Path, extra_env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], Path]:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **extra_env}
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "alignedserve.cli", *argv], stdout=log, stderr=log, env=env
@@ -175,7 +190,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         for name, port, args in service_commands(cfg, bus_url):
-            proc, log_path = start(name, args, cfg.log_dir)
+            proc, log_path = start(name, args, cfg.log_dir, engine_env(cfg, args))
             children.append(Child(name, f"http://127.0.0.1:{port}/ready", proc, log_path))
         print(f"starting {len(children)} services (logs in {cfg.log_dir}/) ...", flush=True)
         wait_ready(children, READY_TIMEOUT_S)

@@ -117,7 +117,10 @@ def start_services(
             log_path = log_dir / f"{name}.log"
             with log_path.open("ab") as log:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "alignedserve.cli", *argv], stdout=log, stderr=log, env=child_env
+                    [sys.executable, "-m", "alignedserve.cli", *argv],
+                    stdout=log,
+                    stderr=log,
+                    env={**child_env, **up.engine_env(cfg, argv)},
                 )
             children.append(up.Child(name, f"http://127.0.0.1:{port}/ready", process, log_path))
             ports[name] = port

@@ -1,0 +1,36 @@
+"""`alignedserve up`: the environment each service process starts with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from alignedserve_services import up
+
+
+def config(device: str = "cpu") -> up.UpConfig:
+    return up.parse_args(["--device", device, "--log-dir", str(Path("/tmp/unused"))])
+
+
+def commands(cfg: up.UpConfig) -> dict[str, list[str]]:
+    return {name: argv for name, _, argv in up.service_commands(cfg, "redis://127.0.0.1:6379/0")}
+
+
+def test_cpu_engines_wait_passively_and_the_other_services_are_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    cfg = config()
+    envs = {name: up.engine_env(cfg, argv) for name, argv in commands(cfg).items()}
+    assert envs["prefill-0"] == envs["decode-0"] == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert envs["gateway"] == envs["kvpool-0"] == envs["batcher-0"] == {}
+
+
+def test_what_the_user_exported_wins_and_gpus_get_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    cfg = config()
+    assert up.engine_env(cfg, commands(cfg)["decode-0"]) == {}
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    gpu = config("cuda")
+    assert up.engine_env(gpu, commands(gpu)["decode-0"]) == {}
