@@ -15,6 +15,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("generate",): "alignedserve.engine.generate_cli",
     ("bench", "batching"): "alignedserve.batching.bench",
     ("bench", "engine"): "alignedserve.engine.bench",
+    ("bench", "shared-cpu"): "alignedserve.engine.bench_shared_cpu",
     ("bench", "transfer"): "alignedserve.transfer.bench",
     ("bench", "bus"): "alignedserve.bus.bench",
     ("bench", "stack"): "alignedserve_services.bench",

@@ -25,6 +25,7 @@ from typing import Any
 
 from alignedserve.sim.arrivals import ClosedLoop
 from alignedserve.sim.cli import RunSpec, simulate
+from alignedserve.sim.compute import COMPUTE
 from alignedserve.sim.cost import CostModel, cost_model_names, make_cost_model
 from alignedserve.sim.deployments import STACK, Deployment
 from alignedserve.sim.records import SimulationError
@@ -190,6 +191,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model", choices=cost_model_names(), default=STACK.cost_model)
     p.add_argument("--prefill-workers", type=int, default=STACK.prefill_workers, help="as the bench ran")
     p.add_argument("--decode-workers", type=int, default=STACK.decode_workers, help="as the bench ran")
+    p.add_argument(
+        "--compute",
+        choices=sorted(COMPUTE),
+        default=STACK.compute,
+        help="shared: the engines split one machine's cores, as the bench ran; dedicated: a device each",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out-json", type=Path, help="also write the JSON object here")
     return p
@@ -205,6 +212,7 @@ def main(argv: list[str]) -> int:
         prefill_workers=args.prefill_workers,
         decode_workers=args.decode_workers,
         cost_model=args.cost_model,
+        compute=args.compute,
     )
     try:
         scale, rows = read_bench(args.bench_json)
