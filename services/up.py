@@ -187,7 +187,9 @@ def main(argv: list[str]) -> int:
         stopping = True
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_signal)
+    # both explicitly: a shell starts background jobs with SIGINT ignored, and Python then leaves it so
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
     try:
         for name, port, args in service_commands(cfg, bus_url):
             proc, log_path = start(name, args, cfg.log_dir, engine_env(cfg, args))

@@ -53,12 +53,14 @@ class Stack:
         return metric_at(self.metrics_ports[worker], name)
 
     def stop(self) -> None:
+        """Ctrl-C, as a user stops `up`; if it does not finish, kill its whole process group, so no
+        service outlives the test (their heartbeats would reach tests sharing the session's broker)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
 
 
@@ -153,7 +155,9 @@ def start_stack(
         "--log-dir", str(log_dir), *extra,
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
     deadline = time.monotonic() + 600
     lines: list[str] = []
     assert proc.stdout is not None
@@ -166,7 +170,7 @@ def start_stack(
         if match:
             ports = {name: metrics_base + i for i, name in enumerate(names)}
             return Stack(match.group(1), proc, ports, log_dir)
-    proc.kill()
+    os.killpg(proc.pid, signal.SIGKILL)
     raise TimeoutError("stack not ready:\n" + "".join(lines) + _logs(log_dir))
 
 
