@@ -47,6 +47,7 @@ test: setup redis lint typecheck
 bench: setup
 	$(BIN)/alignedserve bench batching --json
 	$(BIN)/alignedserve bench engine --json
+	$(BIN)/alignedserve bench shared-cpu --json
 	$(BIN)/alignedserve bench transfer --json
 	$(BIN)/alignedserve bench bus --json
 	$(BIN)/alignedserve bench stack --json
