@@ -75,3 +75,30 @@ def test_shared_cores_change_nothing_when_nothing_overlaps() -> None:
 def test_unknown_compute_is_refused() -> None:
     with pytest.raises(ValueError, match="compute must be one of"):
         _run([RequestSpec(0.0, 64, 2)], "gpu")
+
+
+def test_below_k_min_aligned_holds_no_request_back_in_a_closed_loop() -> None:
+    # the stack's deployment at 16 in flight: the decode worker runs fewer than K_min, so the aligned
+    # policy must ship what waits at once, as fcfs does (it used to wait up to the 10 s aging threshold)
+    from alignedserve.sim.arrivals import ClosedLoop
+    from alignedserve.sim.cli import RunSpec, simulate
+    from alignedserve.sim.deployments import STACK
+    from alignedserve.workloads import synthetic
+
+    specs = [
+        RequestSpec(0.0, max(16, s.input_len // 8), max(2, s.output_len // 8))
+        for s in synthetic(64, short_share=0.95, seed=0)
+    ]
+    cost = make_cost_model(STACK.cost_model)
+    runs = {
+        policy: simulate(
+            specs,
+            cost,
+            RunSpec(policy, True, STACK.cluster_config(policy, True, ClosedLoop(16)), STACK.starvation_s),
+        )
+        for policy in ("aligned", "fcfs")
+    }
+    aligned, fcfs = runs["aligned"], runs["fcfs"]
+    assert aligned["completed"] == fcfs["completed"] == len(specs)
+    assert float(aligned["max_wait_ms"]) < 0.5 * 1e3 * STACK.starvation_s  # nobody waited for aging
+    assert float(aligned["p99_client_tpot_ms"]) <= 1.5 * float(fcfs["p99_client_tpot_ms"])
