@@ -8,11 +8,14 @@ import pytest
 
 from alignedserve.batching.policies import make_policy
 from alignedserve.batching.scheduler import plan_iteration
+from alignedserve.sim.arrivals import ClosedLoop
+from alignedserve.sim.cli import RunSpec, simulate
 from alignedserve.sim.cluster import Cluster, ClusterConfig
 from alignedserve.sim.compute import DedicatedDevices, SharedCores
 from alignedserve.sim.cost import make_cost_model
+from alignedserve.sim.deployments import STACK
 from alignedserve.sim.metrics import Metrics
-from alignedserve.workloads import RequestSpec
+from alignedserve.workloads import RequestSpec, synthetic
 
 P, D = ("prefill", 0), ("decode", 0)
 
@@ -80,11 +83,6 @@ def test_unknown_compute_is_refused() -> None:
 def test_below_k_min_aligned_holds_no_request_back_in_a_closed_loop() -> None:
     # the stack's deployment at 16 in flight: the decode worker runs fewer than K_min, so the aligned
     # policy must ship what waits at once, as fcfs does (it used to wait up to the 10 s aging threshold)
-    from alignedserve.sim.arrivals import ClosedLoop
-    from alignedserve.sim.cli import RunSpec, simulate
-    from alignedserve.sim.deployments import STACK
-    from alignedserve.workloads import synthetic
-
     specs = [
         RequestSpec(0.0, max(16, s.input_len // 8), max(2, s.output_len // 8))
         for s in synthetic(64, short_share=0.95, seed=0)
