@@ -27,7 +27,9 @@ class EngineWorkerSettings(WorkerSettings):
         "auto", description="decode attention strategy (auto picks per batch shape)"
     )
     linear_kernel: Literal["auto", "torch", "onednn_packed"] = Field(
-        "auto", description="linear layers: auto = oneDNN-packed weights on CPU float32, else torch's"
+        "auto",
+        description="linear layers: auto = oneDNN-packed weights on CPU float32 from this host's measured"
+        " row crossover up, torch's below it and elsewhere",
     )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU; unset: torch's")
     advertise_host: str = Field("127.0.0.1", description="address other workers reach this UCX endpoint at")

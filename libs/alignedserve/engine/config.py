@@ -32,7 +32,9 @@ class EngineConfig:
     max_prefill_tokens: int = 2048  # tokens per prefill forward; longer prompts go in chunks
     max_model_len: int | None = None  # None: the model's own context length
     attention: str = "auto"  # decode attention strategy; "auto" picks per batch shape
-    linear_kernel: str = "auto"  # "auto": oneDNN-packed weights on CPU float32, else the torch module
+    linear_kernel: str = (
+        "auto"  # "auto": packed weights on CPU float32 from the host's crossover up (linear.py)
+    )
     staged_kv_bytes: int = 4 * 1024**3  # decode K/V kept contiguous across iterations; 0: gather each one
     timings: bool = False  # record per-iteration linear/attention time split
     num_threads: int | None = None  # torch intra-op threads on CPU (None: leave torch's default)

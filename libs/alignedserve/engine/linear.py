@@ -13,17 +13,23 @@
 
 The packed copies cost the weights' size again in host memory; they are made once per loaded model and
 shared by every engine built on it.
+
+- `RowTunedLinear` ("auto" on CPU float32): packed from a row count up, the torch module below. On
+  another host the packed weights were slower at one row (16.1 vs 21.9 tok/s at batch 1) and faster
+  from 4, so the crossover is measured per host (`linear_crossover.py`).
 """
 
 from __future__ import annotations
 
 import weakref
+from functools import partial
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from alignedserve.engine.config import LINEAR_KERNELS
+from alignedserve.engine.linear_crossover import Probe, host_key, min_packed_rows
 
 # Row count the packed layout is tuned for (oneDNN picks its blocking from it); decode batches here.
 # Any row count works with it; 64 was as fast as or faster than 1, 256 or 1024 over decode's shapes.
@@ -101,7 +107,26 @@ def _packed_linear(x: torch.Tensor, entry: tuple[torch.Tensor, torch.Tensor | No
     return out
 
 
+class RowTunedLinear:
+    """ "auto" on CPU float32: the packed weights from `min_rows` rows up, the torch module below —
+    which one is faster at few rows depends on the CPU (`linear_crossover.py`)."""
+
+    name = "auto"
+
+    def __init__(self, packed: PackedCpuLinear, min_rows: int) -> None:
+        self.packed = packed
+        self.min_rows = min_rows
+        self._torch = TorchLinear()
+
+    def __call__(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return (self.packed if x.shape[0] >= self.min_rows else self._torch)(module, x)
+
+    def many(self, group: FusedGroup, x: torch.Tensor) -> list[torch.Tensor]:
+        return (self.packed if x.shape[0] >= self.min_rows else self._torch).many(group, x)
+
+
 _PACKED: weakref.WeakKeyDictionary[Any, PackedCpuLinear] = weakref.WeakKeyDictionary()
+_MIN_ROWS: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()  # per host key
 
 
 def packed_available(dtype: torch.dtype, device: torch.device) -> bool:
@@ -110,7 +135,8 @@ def packed_available(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def linear_kernel(hf_model: Any, name: str = "auto", groups: list[FusedGroup] | None = None) -> LinearKernel:
-    """The kernel for a loaded transformers model; "auto": packed where available, else torch.
+    """The kernel for a loaded transformers model; "auto": where packing is available, packed from the
+    host's measured row-count crossover up and torch below it (`RowTunedLinear`), else torch.
     `groups`: projections of a shared input to pack as one (the model family names them)."""
     if name not in LINEAR_KERNELS:
         raise ValueError(f"linear kernel must be one of {LINEAR_KERNELS}, got {name!r}")
@@ -120,9 +146,28 @@ def linear_kernel(hf_model: Any, name: str = "auto", groups: list[FusedGroup] | 
         return TorchLinear()
     if not available:
         raise ValueError("onednn_packed needs float32 weights on a CPU with oneDNN (mkldnn) in torch")
+    modules = [m for m in hf_model.modules() if isinstance(m, nn.Linear)]
     kernel = _PACKED.get(hf_model)
     if kernel is None:
-        modules = [m for m in hf_model.modules() if isinstance(m, nn.Linear)]
         kernel = PackedCpuLinear(modules, groups or [])
         _PACKED[hf_model] = kernel
-    return kernel
+    if name == "onednn_packed":
+        return kernel
+    return RowTunedLinear(kernel, _min_packed_rows(hf_model, kernel, modules, groups or []))
+
+
+def _min_packed_rows(
+    hf_model: Any, packed: PackedCpuLinear, modules: list[nn.Linear], groups: list[FusedGroup]
+) -> int:
+    """The host's crossover for this model's projections (all of them, as one decode step runs them)."""
+    grouped = {id(m) for group in groups for m in group}
+    units: list[FusedGroup] = [(m,) for m in modules if id(m) not in grouped] + list(groups)
+    key = host_key([(sum(m.out_features for m in u), u[0].in_features) for u in units])
+    known = _MIN_ROWS.setdefault(hf_model, {})
+    if key not in known:
+        torch_kernel = TorchLinear()
+        probes: list[Probe] = [
+            (partial(torch_kernel.many, u), partial(packed.many, u), u[0].in_features) for u in units
+        ]
+        known[key] = min_packed_rows(key, probes)
+    return known[key]

@@ -10,6 +10,7 @@ from transformers import PreTrainedModel
 
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
+from alignedserve.engine.linear import RowTunedLinear
 from alignedserve.engine.loader import LoadedModel
 from alignedserve.engine.runner import DecodeRow, PrefillChunk
 
@@ -67,12 +68,13 @@ def test_smollm2_logits(smollm2: LoadedModel) -> None:
 
 
 @pytest.mark.parametrize("model_name", ["tiny_llama", "tiny_opt"])
-@pytest.mark.parametrize("linear", ["torch", "onednn_packed"])
+@pytest.mark.parametrize("linear", ["torch", "onednn_packed", "auto"])
 def test_each_linear_kernel_matches_transformers(
     model_name: str, linear: str, request: pytest.FixtureRequest
 ) -> None:
     """Prefill and decode through each kernel: oneDNN-packed weights with q/k/v (and gate/up) fused into
-    one call, OPT's biases included, against transformers' own forward."""
+    one call, OPT's biases included, and "auto" switching between them by row count, against
+    transformers' own forward."""
     model: PreTrainedModel = request.getfixturevalue(model_name)
     engine = tiny_engine(model, linear_kernel=linear)
     kernel = engine.model.linear  # type: ignore[attr-defined]
@@ -84,4 +86,16 @@ def test_each_linear_kernel_matches_transformers(
 def test_packed_weights_are_made_once_per_loaded_model(tiny_llama: PreTrainedModel) -> None:
     first = tiny_engine(tiny_llama, linear_kernel="onednn_packed").model.linear  # type: ignore[attr-defined]
     second = tiny_engine(tiny_llama).model.linear  # type: ignore[attr-defined]  # "auto" on CPU float32
-    assert first is second
+    assert second.packed is first  # "auto" wraps the same packed weights
+    assert second.min_rows == tiny_engine(tiny_llama).model.linear.min_rows  # type: ignore[attr-defined]
+
+
+def test_auto_takes_each_kernel_by_row_count(tiny_llama: PreTrainedModel) -> None:
+    packed = tiny_engine(tiny_llama, linear_kernel="onednn_packed").model.linear  # type: ignore[attr-defined]
+    tuned = RowTunedLinear(packed, min_rows=4)
+    module = tiny_llama.model.layers[0].mlp.down_proj
+    with torch.inference_mode():
+        for rows in (1, 3, 4, 9):
+            x = torch.randn(rows, module.in_features)
+            expected = packed(module, x) if rows >= 4 else module(x)
+            assert torch.equal(tuned(module, x), expected)
