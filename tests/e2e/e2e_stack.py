@@ -110,20 +110,11 @@ def start_services(
         decode=decode, model="smollm2", device="cpu", dtype="float32", metrics_base_port=base + 1,
         log_dir=log_dir,
     )  # fmt: skip
-    log_dir.mkdir(parents=True, exist_ok=True)
     children: list[up.Child] = []
     ports: dict[str, int] = {}
-    child_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
     try:
         for name, port, argv in up.service_commands(cfg, bus_url):
-            log_path = log_dir / f"{name}.log"
-            with log_path.open("ab") as log:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "alignedserve.cli", *argv],
-                    stdout=log,
-                    stderr=log,
-                    env={**child_env, **up.engine_env(cfg, argv)},
-                )
+            process, log_path = up.start(name, argv, log_dir, {**up.engine_env(cfg, argv), **(env or {})})
             children.append(up.Child(name, f"http://127.0.0.1:{port}/ready", process, log_path))
             ports[name] = port
         up.wait_ready(children, up.READY_TIMEOUT_S)

@@ -126,7 +126,6 @@ class RowTunedLinear:
 
 
 _PACKED: weakref.WeakKeyDictionary[Any, PackedCpuLinear] = weakref.WeakKeyDictionary()
-_MIN_ROWS: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()  # per host key
 
 
 def packed_available(dtype: torch.dtype, device: torch.device) -> bool:
@@ -153,21 +152,16 @@ def linear_kernel(hf_model: Any, name: str = "auto", groups: list[FusedGroup] | 
         _PACKED[hf_model] = kernel
     if name == "onednn_packed":
         return kernel
-    return RowTunedLinear(kernel, _min_packed_rows(hf_model, kernel, modules, groups or []))
+    return RowTunedLinear(kernel, _min_packed_rows(kernel, modules, groups or []))
 
 
-def _min_packed_rows(
-    hf_model: Any, packed: PackedCpuLinear, modules: list[nn.Linear], groups: list[FusedGroup]
-) -> int:
+def _min_packed_rows(packed: PackedCpuLinear, modules: list[nn.Linear], groups: list[FusedGroup]) -> int:
     """The host's crossover for this model's projections (all of them, as one decode step runs them)."""
     grouped = {id(m) for group in groups for m in group}
     units: list[FusedGroup] = [(m,) for m in modules if id(m) not in grouped] + list(groups)
-    key = host_key([(sum(m.out_features for m in u), u[0].in_features) for u in units])
-    known = _MIN_ROWS.setdefault(hf_model, {})
-    if key not in known:
-        torch_kernel = TorchLinear()
-        probes: list[Probe] = [
-            (partial(torch_kernel.many, u), partial(packed.many, u), u[0].in_features) for u in units
-        ]
-        known[key] = min_packed_rows(key, probes)
-    return known[key]
+    shapes = [(sum(m.out_features for m in u), u[0].in_features) for u in units]
+    torch_kernel = TorchLinear()
+    probes: list[Probe] = [
+        (partial(torch_kernel.many, u), partial(packed.many, u), u[0].in_features) for u in units
+    ]
+    return min_packed_rows(host_key(shapes), probes)

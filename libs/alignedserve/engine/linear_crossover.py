@@ -40,13 +40,17 @@ Call = Callable[[torch.Tensor], object]
 Probe = tuple[Call, Call, int]  # (torch kernel, packed kernel, in_features) for one projection (group)
 
 
+_KNOWN: dict[str, int] = {}  # this process's answers: later engines of the same model skip the file
+
+
 def min_packed_rows(key: str, probes: list[Probe]) -> int:
-    """Fewest rows from which the packed kernel is used: cached for `key`, else measured and stored."""
-    path = cache_path()
-    known = _read(path).get(key)
-    if isinstance(known, int):
-        return known
-    return _store(path, key, measure(probes))
+    """Fewest rows from which the packed kernel is used: known for `key` (in this process or on disk),
+    else measured and stored."""
+    if key not in _KNOWN:
+        path = cache_path()
+        stored = _read(path).get(key)
+        _KNOWN[key] = stored if isinstance(stored, int) else _store(path, key, measure(probes))
+    return _KNOWN[key]
 
 
 def measure(probes: list[Probe]) -> int:
@@ -127,14 +131,11 @@ def _lock(lock: Path, timeout_s: float = 10.0) -> int:
 
 def _cpu_identity() -> tuple[str, str]:
     """(model name, flags) of the first CPU: VMs often share one generic name across CPU generations."""
-    name, flags = platform.processor() or platform.machine(), ""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name") and name == (platform.processor() or platform.machine()):
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = line.split(":", 1)[1].strip()
-                break
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())
     except OSError:
         pass
-    return name, flags
+    return fields.get("model name", platform.processor() or platform.machine()), fields.get("flags", "")

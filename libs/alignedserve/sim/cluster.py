@@ -238,9 +238,8 @@ class Cluster:
         self.tick_at = None
         wanting = [d for d in self.decoders if not d.staging_batch]
         wanting.sort(key=lambda d: (not d.idle, d.index))  # idle workers first
-        refused: set[bool] = (
-            set()
-        )  # the policy said "wait" for this decode_unsaturated: same pool, same answer
+        # the policy said "wait" for this decode_unsaturated value: same pool, same answer
+        refused: set[bool] = set()
         for worker in wanting:
             unsaturated = worker.unsaturated(self.limits.min_requests)
             if not len(self.policy) or unsaturated in refused:

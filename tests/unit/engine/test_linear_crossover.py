@@ -11,6 +11,12 @@ import torch
 from alignedserve.engine import linear_crossover as lc
 
 
+@pytest.fixture(autouse=True)
+def fresh_process_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as a new process would: nothing known before the file is read."""
+    monkeypatch.setattr(lc, "_KNOWN", {})
+
+
 def test_packed_from_the_first_count_where_it_wins_for_good() -> None:
     counts = (1, 2, 4, 8)
     assert lc.crossover(counts, [False, False, True, True]) == 4
