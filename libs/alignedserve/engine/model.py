@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 
 from alignedserve.engine.kv_cache import KvLayout
 from alignedserve.engine.linear import FusedGroup, LinearKernel, TorchLinear, linear_kernel
@@ -71,7 +72,7 @@ class LlamaFamilyModel:
         cos, sin = self.model.rotary_emb(h, positions.unsqueeze(0))  # [1, T, d] each
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, d]: broadcast over heads
         for index, layer in enumerate(self.model.layers):
-            x = layer.input_layernorm(h)
+            x = rms_norm(layer.input_layernorm, h)
             attn = layer.self_attn
             q, k, v = linear.many((attn.q_proj, attn.k_proj, attn.v_proj), x)
             q = q.view(tokens, self.heads, self.head_dim)
@@ -81,12 +82,11 @@ class LlamaFamilyModel:
             k = k * cos + _rotate_half(k) * sin
             o = attention(index, q, k, v, self.scale)  # [T, heads, d]
             h = h + linear(attn.o_proj, o.reshape(tokens, self.heads * self.head_dim))
-            x = layer.post_attention_layernorm(h)
+            x = rms_norm(layer.post_attention_layernorm, h)
             mlp = layer.mlp  # gated: down(act(gate(x)) * up(x)), as transformers' LlamaMLP
             gate, up = linear.many((mlp.gate_proj, mlp.up_proj), x)
             h = h + linear(mlp.down_proj, mlp.act_fn(gate) * up)
-        out: torch.Tensor = self.model.norm(h)
-        return out
+        return rms_norm(self.model.norm, h)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -146,6 +146,16 @@ class OptModel:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.linear(self.lm_head, hidden).float()
+
+
+def rms_norm(module: Any, x: torch.Tensor) -> torch.Tensor:
+    """transformers' RMSNorm of the Llama family (weight * x / sqrt(mean(x^2) + eps)) as torch's one
+    fused op in float32: bit-identical there, in one call instead of seven. Other dtypes keep the module,
+    which rounds to the input dtype before the weight multiply."""
+    if x.dtype != torch.float32:
+        out: torch.Tensor = module(x)
+        return out
+    return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
