@@ -2,13 +2,15 @@
 
 A request's path: parse and validate the body (400) -> model check (404) -> not ready / draining (503)
 -> tokenize, context check (400) -> admission (429 + Retry-After when `max_inflight` requests run) ->
-backend. The response is one JSON body, or SSE events ending with `data: [DONE]`. A client that goes
-away cancels its request in the backend (see `generation.py`).
+backend. A request of several choices (`n`, batched prompts) runs each as its own backend request and
+admits each. The response is one JSON body, or SSE events ending with `data: [DONE]`. A client that goes
+away cancels its requests in the backend (see `generation.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -48,9 +50,10 @@ from alignedserve_services.gateway.protocol import (
     CompletionRequest,
     ModelCard,
     ModelList,
+    UsageInfo,
     new_request_id,
 )
-from alignedserve_services.gateway.render import SSE_DONE, sse
+from alignedserve_services.gateway.render import SSE_DONE, ChoiceOutput, sse
 from alignedserve_services.gateway.textstream import OutputChunk
 from alignedserve_services.gateway.tokenizer import PromptTokenizer
 
@@ -196,33 +199,80 @@ async def _serve(state: GatewayState, request: Request, body: Body, endpoint: En
         raise
 
 
-def _prepare(state: GatewayState, body: Body, endpoint: Endpoint[Body]) -> tuple[list[int], SamplingParams]:
-    """Prompt token ids and sampling parameters, or the 4xx that says what to change."""
+@dataclass(frozen=True, slots=True)
+class PlannedChoice:
+    """One choice of a request: which prompt, sampled how. Choices of one prompt are consecutive."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+def _prepare(state: GatewayState, body: Body, endpoint: Endpoint[Body]) -> list[PlannedChoice]:
+    """Every choice's prompt token ids and sampling parameters, or the 4xx that says what to change."""
     check_model(body.model, state.settings.model_name)
     state.check_accepting()
-    prompt_ids = endpoint.prompt_ids(body, state.tokenizer)
+    prompts = endpoint.prompts(body, state.tokenizer)
     logprobs = endpoint.logprobs(body)
     names = endpoint.param_names(body)
     if logprobs is not None and not state.backend.supports_logprobs:
         raise APIError(400, "logprobs are not supported by this server's backend", names.logprobs)
-    params = sampling_params(
-        body,
-        prompt_len=len(prompt_ids),
-        tokenizer=state.tokenizer,
-        output_limit=endpoint.output_limit(body),
-        default_max_tokens=endpoint.default_max_tokens,
-        logprobs=logprobs,
-        max_logprobs=state.settings.max_logprobs,
-        names=names,
-    )
-    return prompt_ids, params
+    count, limit = len(prompts) * body.n, state.settings.max_inflight
+    if count > limit:
+        raise APIError(
+            400,
+            f"The request asks for {count} choices ({len(prompts)} prompt(s) x n={body.n}), but this "
+            f"server runs at most {limit} sequences at once. Lower n or split the prompts.",
+            "n",
+        )
+    choices = []
+    for prompt_ids in prompts:
+        params = sampling_params(
+            body,
+            prompt_len=len(prompt_ids),
+            tokenizer=state.tokenizer,
+            output_limit=endpoint.output_limit(body),
+            default_max_tokens=endpoint.default_max_tokens,
+            logprobs=logprobs,
+            max_logprobs=state.settings.max_logprobs,
+            names=names,
+        )
+        choices += [PlannedChoice(prompt_ids, _nth_sample(params, j)) for j in range(body.n)]
+    return choices
 
 
-async def _start(state: GatewayState, request: Request, body: Body, endpoint: Endpoint[Body]) -> Generation:
-    """Admit (429 when full) and submit to the backend (400 if it refuses the request, 500 if it fails)."""
-    prompt_ids, params = _prepare(state, body, endpoint)
+def _nth_sample(params: SamplingParams, j: int) -> SamplingParams:
+    """The j-th of n choices: a seeded request gives choice j the seed + j, so that the n differ and a
+    repeat of the request repeats all n."""
+    if j == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + j) % 2**63)
+
+
+async def _start(
+    state: GatewayState, request: Request, body: Body, endpoint: Endpoint[Body]
+) -> tuple[str, list[Generation]]:
+    """Admit every choice (429 when the slots run out) and submit each to the backend (400 if it refuses
+    one, 500 if it fails); nothing stays admitted on an error. Returns the response id and the choices'
+    generations in choice order."""
+    choices = _prepare(state, body, endpoint)
+    response_id = f"{endpoint.id_prefix}-{body.request_id or request.state.request_id}"
+    generations: list[Generation] = []
+    try:
+        for index, choice in enumerate(choices):
+            request_id = response_id if len(choices) == 1 else f"{response_id}-{index}"
+            generations.append(await _start_choice(state, request_id, choice, body.user))
+    except BaseException:
+        for generation in generations:
+            await generation.close("sibling_rejected")
+        raise
+    return response_id, generations
+
+
+async def _start_choice(
+    state: GatewayState, request_id: str, choice: PlannedChoice, user: str | None
+) -> Generation:
     release = state.admission.admit()
-    request_id = f"{endpoint.id_prefix}-{body.request_id or request.state.request_id}"
+    prompt_ids, params = choice.prompt_ids, choice.params
     model = state.settings.model_name
     gen_request = GenerationRequest(request_id, model, tuple(prompt_ids), params, time.monotonic())
     state.metrics.record_admitted(len(prompt_ids))
@@ -241,7 +291,7 @@ async def _start(state: GatewayState, request: Request, body: Body, endpoint: En
         id=request_id,
         prompt_tokens=len(prompt_ids),
         max_tokens=params.max_tokens,
-        user=body.user,
+        user=user,
     )
     return generation
 
@@ -249,26 +299,77 @@ async def _start(state: GatewayState, request: Request, body: Body, endpoint: En
 async def _admit_and_run(
     state: GatewayState, request: Request, body: Body, endpoint: Endpoint[Body]
 ) -> Response:
-    generation = await _start(state, request, body, endpoint)
-    request_id, model = generation.request.request_id, state.settings.model_name
-    prompt_tokens = len(generation.request.prompt_token_ids)
+    response_id, generations = await _start(state, request, body, endpoint)
+    model = state.settings.model_name
+    # Usage counts each prompt once however many choices it has (as OpenAI does).
+    prompt_tokens = sum(len(g.request.prompt_token_ids) for g in generations[:: body.n])
     if body.stream:
-        renderer = endpoint.stream_renderer(
-            request_id, model, int(time.time()), prompt_tokens, body, state.tokenizer
-        )
-        return _SSEResponse(_sse_events(generation, renderer, body.include_usage), generation)
-    chunks = await _collect_unless_disconnected(request, generation)
-    if chunks is None:
+        created = int(time.time())
+        renderers = [
+            endpoint.stream_renderer(
+                response_id, model, created, len(g.request.prompt_token_ids), body, state.tokenizer, index
+            )
+            for index, g in enumerate(generations)
+        ]
+        events = _sse_events(generations, renderers, body.include_usage, prompt_tokens)
+        return _SSEResponse(events, generations)
+    outputs = await _collect_unless_disconnected(request, generations)
+    if outputs is None:
         return Response(status_code=499)  # nginx's "client closed request"; nobody is there to read it
-    response = endpoint.response(request_id, model, chunks, prompt_tokens, body, state.tokenizer)
+    choices = [ChoiceOutput(index, chunks) for index, chunks in enumerate(outputs)]
+    usage = UsageInfo.of(prompt_tokens, sum(chunks[-1].num_output_tokens for chunks in outputs))
+    response = endpoint.response(response_id, model, choices, usage, body, state.tokenizer)
     return JSONResponse(response.model_dump())
 
 
-async def _collect_unless_disconnected(request: Request, generation: Generation) -> list[OutputChunk] | None:
-    """All chunks of a non-streaming request, or None if the client disconnected first (then cancelled)."""
+async def _merged(generations: list[Generation]) -> AsyncIterator[tuple[int, OutputChunk]]:
+    """(choice index, chunk) from every generation as each arrives; raises the first BackendError."""
+    if len(generations) == 1:
+        async for chunk in generations[0].chunks():
+            yield 0, chunk
+        return
+    queue: asyncio.Queue[tuple[int, OutputChunk | Exception | None]] = asyncio.Queue()
 
-    async def collect() -> list[OutputChunk]:
-        return [chunk async for chunk in generation.chunks()]
+    async def pump(index: int, generation: Generation) -> None:
+        try:
+            async for chunk in generation.chunks():
+                await queue.put((index, chunk))
+            await queue.put((index, None))
+        except Exception as exc:  # handed to the consumer, which raises it
+            await queue.put((index, exc))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generations)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _close_all(generations: list[Generation], reason: str) -> None:
+    for generation in generations:
+        await generation.close(reason)
+
+
+async def _collect_unless_disconnected(
+    request: Request, generations: list[Generation]
+) -> list[list[OutputChunk]] | None:
+    """Every choice's chunks, or None if the client disconnected first (then all are cancelled)."""
+
+    async def collect() -> list[list[OutputChunk]]:
+        outputs: list[list[OutputChunk]] = [[] for _ in generations]
+        async for index, chunk in _merged(generations):
+            outputs[index].append(chunk)
+        return outputs
 
     collector = asyncio.ensure_future(collect())
     watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
@@ -278,15 +379,15 @@ async def _collect_unless_disconnected(request: Request, generation: Generation)
             try:
                 return collector.result()
             except BackendError as exc:
-                await generation.close("backend_error")
+                await _close_all(generations, "backend_error")
                 raise APIError(500, f"generation failed: {exc}") from None
         collector.cancel()
-        await generation.close("client_disconnected")
+        await _close_all(generations, "client_disconnected")
         return None
     finally:
         watcher.cancel()
         collector.cancel()
-        await generation.close("request_ended")
+        await _close_all(generations, "request_ended")
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:
@@ -296,34 +397,35 @@ async def _wait_for_disconnect(receive: Receive) -> None:
 
 
 async def _sse_events(
-    generation: Generation, renderer: StreamRenderer, include_usage: bool
+    generations: list[Generation], renderers: list[StreamRenderer], include_usage: bool, prompt_tokens: int
 ) -> AsyncIterator[str]:
-    for event in renderer.start():
-        yield event
-    completion_tokens = 0
+    for renderer in renderers:
+        for event in renderer.start():
+            yield event
+    completion_tokens = [0] * len(generations)
     try:
-        async for chunk in generation.chunks():
-            completion_tokens = chunk.num_output_tokens
-            for event in renderer.chunk(chunk):
+        async for index, chunk in _merged(generations):
+            completion_tokens[index] = chunk.num_output_tokens
+            for event in renderers[index].chunk(chunk):
                 yield event
     except BackendError as exc:
-        await generation.close("backend_error")
+        await _close_all(generations, "backend_error")
         yield sse(APIError(500, f"generation failed: {exc}").body())
         yield SSE_DONE
         return
     if include_usage:
-        yield renderer.usage(completion_tokens)
+        yield renderers[0].usage(UsageInfo.of(prompt_tokens, sum(completion_tokens)))
     yield SSE_DONE
 
 
 class _SSEResponse(StreamingResponse):
-    """SSE that always closes its Generation: cancels in the backend when the client went away."""
+    """SSE that always closes its generations: cancels in the backend when the client went away."""
 
-    def __init__(self, events: AsyncIterator[str], generation: Generation) -> None:
+    def __init__(self, events: AsyncIterator[str], generations: list[Generation]) -> None:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of tokens
         super().__init__(events, media_type="text/event-stream", headers=headers)
         self._events = events
-        self._generation = generation
+        self._generations = generations
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -333,5 +435,6 @@ class _SSEResponse(StreamingResponse):
                 aclose: Any = getattr(self._events, "aclose", None)
                 if aclose is not None:
                     await aclose()
-                reason = "ended_before_backend" if self._generation.finished else "client_disconnected"
-                await self._generation.close(reason)
+                for generation in self._generations:
+                    reason = "ended_before_backend" if generation.finished else "client_disconnected"
+                    await generation.close(reason)

@@ -15,11 +15,17 @@ from alignedserve_services.gateway.prepare import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     RequestParamNames,
     chat_prompt,
-    completion_prompt,
+    completion_prompts,
 )
-from alignedserve_services.gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from alignedserve_services.gateway.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    UsageInfo,
+)
 from alignedserve_services.gateway.render import (
     ChatStreamRenderer,
+    ChoiceOutput,
     CompletionStreamRenderer,
     chat_response,
     completion_response,
@@ -31,18 +37,21 @@ Body = TypeVar("Body", bound=SamplingFields)
 
 
 class StreamRenderer(Protocol):
+    """SSE events of one choice of a stream; `usage` renders the request's closing usage event."""
+
     def start(self) -> list[str]: ...
 
     def chunk(self, chunk: OutputChunk) -> list[str]: ...
 
-    def usage(self, completion_tokens: int) -> str: ...
+    def usage(self, usage: UsageInfo) -> str: ...
 
 
 class Endpoint(Generic[Body]):
     id_prefix: str
     default_max_tokens: int | None  # None: whatever room the context leaves
 
-    def prompt_ids(self, body: Body, tokenizer: PromptTokenizer) -> list[int]:
+    def prompts(self, body: Body, tokenizer: PromptTokenizer) -> list[list[int]]:
+        """Token ids of each prompt (chat: one); every prompt gets `body.n` choices."""
         raise NotImplementedError
 
     def param_names(self, body: Body) -> RequestParamNames:
@@ -63,15 +72,17 @@ class Endpoint(Generic[Body]):
         prompt_tokens: int,
         body: Body,
         tokenizer: PromptTokenizer,
+        index: int = 0,
     ) -> StreamRenderer:
+        """prompt_tokens: of this choice's prompt (for continuous usage stats)."""
         raise NotImplementedError
 
     def response(
         self,
         request_id: str,
         model: str,
-        chunks: Sequence[OutputChunk],
-        prompt_tokens: int,
+        choices: Sequence[ChoiceOutput],
+        usage: UsageInfo,
         body: Body,
         tokenizer: PromptTokenizer,
     ) -> BaseModel:
@@ -82,8 +93,8 @@ class CompletionsEndpoint(Endpoint[CompletionRequest]):
     id_prefix = "cmpl"
     default_max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
 
-    def prompt_ids(self, body: CompletionRequest, tokenizer: PromptTokenizer) -> list[int]:
-        return completion_prompt(body, tokenizer)
+    def prompts(self, body: CompletionRequest, tokenizer: PromptTokenizer) -> list[list[int]]:
+        return completion_prompts(body, tokenizer)
 
     def param_names(self, body: CompletionRequest) -> RequestParamNames:
         return RequestParamNames(prompt="prompt", limit="max_tokens", logprobs="logprobs")
@@ -102,32 +113,31 @@ class CompletionsEndpoint(Endpoint[CompletionRequest]):
         prompt_tokens: int,
         body: CompletionRequest,
         tokenizer: PromptTokenizer,
+        index: int = 0,
     ) -> StreamRenderer:
         want_logprobs = body.logprobs is not None
         return CompletionStreamRenderer(
-            request_id, model, created, prompt_tokens, want_logprobs, body.continuous_usage, tokenizer
+            request_id, model, created, prompt_tokens, want_logprobs, body.continuous_usage, tokenizer, index
         )
 
     def response(
         self,
         request_id: str,
         model: str,
-        chunks: Sequence[OutputChunk],
-        prompt_tokens: int,
+        choices: Sequence[ChoiceOutput],
+        usage: UsageInfo,
         body: CompletionRequest,
         tokenizer: PromptTokenizer,
     ) -> BaseModel:
-        return completion_response(
-            request_id, model, chunks, prompt_tokens, body.logprobs is not None, tokenizer
-        )
+        return completion_response(request_id, model, choices, usage, body.logprobs is not None, tokenizer)
 
 
 class ChatEndpoint(Endpoint[ChatCompletionRequest]):
     id_prefix = "chatcmpl"
     default_max_tokens = None
 
-    def prompt_ids(self, body: ChatCompletionRequest, tokenizer: PromptTokenizer) -> list[int]:
-        return chat_prompt(body, tokenizer)
+    def prompts(self, body: ChatCompletionRequest, tokenizer: PromptTokenizer) -> list[list[int]]:
+        return [chat_prompt(body, tokenizer)]
 
     def param_names(self, body: ChatCompletionRequest) -> RequestParamNames:
         limit = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -147,18 +157,19 @@ class ChatEndpoint(Endpoint[ChatCompletionRequest]):
         prompt_tokens: int,
         body: ChatCompletionRequest,
         tokenizer: PromptTokenizer,
+        index: int = 0,
     ) -> StreamRenderer:
         return ChatStreamRenderer(
-            request_id, model, created, prompt_tokens, body.logprobs, body.continuous_usage, tokenizer
+            request_id, model, created, prompt_tokens, body.logprobs, body.continuous_usage, tokenizer, index
         )
 
     def response(
         self,
         request_id: str,
         model: str,
-        chunks: Sequence[OutputChunk],
-        prompt_tokens: int,
+        choices: Sequence[ChoiceOutput],
+        usage: UsageInfo,
         body: ChatCompletionRequest,
         tokenizer: PromptTokenizer,
     ) -> BaseModel:
-        return chat_response(request_id, model, chunks, prompt_tokens, body.logprobs, tokenizer)
+        return chat_response(request_id, model, choices, usage, body.logprobs, tokenizer)

@@ -26,8 +26,16 @@ class RequestParamNames:
     logprobs: str
 
 
-def completion_prompt(body: CompletionRequest, tokenizer: PromptTokenizer) -> list[int]:
-    prompt = body.prompt_text_or_ids()
+def completion_prompts(body: CompletionRequest, tokenizer: PromptTokenizer) -> list[list[int]]:
+    """Token ids of every prompt of the request; an error names the prompt's place in a batch."""
+    prompts = body.prompts()
+    return [
+        _completion_prompt(prompt, tokenizer, f"prompt[{i}]" if len(prompts) > 1 else "prompt")
+        for i, prompt in enumerate(prompts)
+    ]
+
+
+def _completion_prompt(prompt: str | list[int], tokenizer: PromptTokenizer, name: str) -> list[int]:
     if isinstance(prompt, str):
         ids = tokenizer.encode_text(prompt)
     else:
@@ -35,10 +43,10 @@ def completion_prompt(body: CompletionRequest, tokenizer: PromptTokenizer) -> li
         bad = [t for t in ids if not 0 <= t < tokenizer.vocab_size]
         if bad:
             raise bad_request(
-                f"prompt token ids must be in [0, {tokenizer.vocab_size}), got {bad[:5]}", "prompt"
+                f"{name} token ids must be in [0, {tokenizer.vocab_size}), got {bad[:5]}", "prompt"
             )
     if not ids:
-        raise bad_request("prompt is empty after tokenization", "prompt")
+        raise bad_request(f"{name} is empty after tokenization", "prompt")
     return ids
 
 

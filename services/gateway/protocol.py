@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_LOGPROBS = 20  # the engine returns at most this many alternatives per token
+MAX_N = 64  # choices per prompt (OpenAI allows 128; each choice is a sequence in flight here)
+MAX_PROMPTS = 64  # prompts in one /v1/completions batch
 
 
 class StrictModel(BaseModel):
@@ -32,7 +34,6 @@ class StreamOptions(StrictModel):
 
 # Parameters we accept only at the value that means "off"; anything else is a 400 naming the field.
 _NEUTRAL_VALUES: dict[str, Any] = {
-    "n": 1,
     "best_of": None,
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
@@ -70,7 +71,7 @@ class SamplingFields(StrictModel):
     ignore_eos: bool = False
     user: str | None = None  # accepted for OpenAI compatibility; logged with the request
     request_id: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_N)  # choices per prompt, each sampled on its own
     best_of: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -120,7 +121,7 @@ def _is_neutral(value: Any, neutral: Any) -> bool:
 
 
 class CompletionRequest(SamplingFields):
-    # A string, or one tokenized prompt; a batch of prompts (a list of several) is refused.
+    # A string, a list of token ids, or a batch of either (one choice, or n, per prompt).
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
@@ -132,22 +133,18 @@ class CompletionRequest(SamplingFields):
         if isinstance(prompt, list):
             if len(prompt) == 0:
                 raise ParamError("prompt", "prompt must not be empty")
-            if isinstance(prompt[0], str | list) and len(prompt) != 1:
-                raise ParamError(
-                    "prompt", f"only one prompt per request is supported, got a batch of {len(prompt)}"
-                )
+            if isinstance(prompt[0], str | list) and len(prompt) > MAX_PROMPTS:
+                raise ParamError("prompt", f"at most {MAX_PROMPTS} prompts per request, got {len(prompt)}")
         return self
 
-    def prompt_text_or_ids(self) -> str | list[int]:
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the request, as text or token ids, in order."""
         prompt = self.prompt
         if isinstance(prompt, str):
-            return prompt
-        first = prompt[0]
-        if isinstance(first, str):
-            return first
-        if isinstance(first, list):
-            return list(first)
-        return [int(t) for t in prompt if isinstance(t, int)]
+            return [prompt]
+        if isinstance(prompt[0], str | list):
+            return [p if isinstance(p, str) else list(p) for p in prompt if isinstance(p, str | list)]
+        return [[int(t) for t in prompt if isinstance(t, int)]]
 
 
 class CompletionLogprobs(ResponseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from alignedserve_services.gateway.backend import TokenLogprob
@@ -72,48 +73,63 @@ def _top(token: str, logprob: float) -> TopLogprob:
     return TopLogprob(token=token, logprob=logprob, bytes=list(token.encode()))
 
 
-def _joined(chunks: Sequence[OutputChunk]) -> tuple[str, list[TokenLogprob], OutputChunk]:
-    text = "".join(c.text for c in chunks)
-    logprobs = [lp for c in chunks for lp in c.logprobs]
-    return text, logprobs, chunks[-1]
+@dataclass(frozen=True, slots=True)
+class ChoiceOutput:
+    """All output chunks of one choice, and its place in the response's `choices`."""
+
+    index: int
+    chunks: Sequence[OutputChunk]
+
+    def joined(self) -> tuple[str, list[TokenLogprob], OutputChunk]:
+        text = "".join(c.text for c in self.chunks)
+        logprobs = [lp for c in self.chunks for lp in c.logprobs]
+        return text, logprobs, self.chunks[-1]
 
 
 def completion_response(
     request_id: str,
     model: str,
-    chunks: Sequence[OutputChunk],
-    prompt_tokens: int,
+    choices: Sequence[ChoiceOutput],
+    usage: UsageInfo,
     want_logprobs: bool,
     tokenizer: PromptTokenizer,
 ) -> CompletionResponse:
-    text, logprobs, last = _joined(chunks)
-    choice = CompletionChoice(
-        text=text,
-        logprobs=completion_logprobs(logprobs, tokenizer) if want_logprobs else None,
-        finish_reason=_finish(last),
-        stop_reason=last.stop_reason,
-    )
-    usage = UsageInfo.of(prompt_tokens, last.num_output_tokens)
-    return CompletionResponse(id=request_id, model=model, choices=[choice], usage=usage)
+    rendered = []
+    for choice in choices:
+        text, logprobs, last = choice.joined()
+        rendered.append(
+            CompletionChoice(
+                index=choice.index,
+                text=text,
+                logprobs=completion_logprobs(logprobs, tokenizer) if want_logprobs else None,
+                finish_reason=_finish(last),
+                stop_reason=last.stop_reason,
+            )
+        )
+    return CompletionResponse(id=request_id, model=model, choices=rendered, usage=usage)
 
 
 def chat_response(
     request_id: str,
     model: str,
-    chunks: Sequence[OutputChunk],
-    prompt_tokens: int,
+    choices: Sequence[ChoiceOutput],
+    usage: UsageInfo,
     want_logprobs: bool,
     tokenizer: PromptTokenizer,
 ) -> ChatCompletionResponse:
-    text, logprobs, last = _joined(chunks)
-    choice = ChatChoice(
-        message=AssistantMessage(content=text),
-        logprobs=chat_logprobs(logprobs, tokenizer) if want_logprobs else None,
-        finish_reason=_finish(last),
-        stop_reason=last.stop_reason,
-    )
-    usage = UsageInfo.of(prompt_tokens, last.num_output_tokens)
-    return ChatCompletionResponse(id=request_id, model=model, choices=[choice], usage=usage)
+    rendered = []
+    for choice in choices:
+        text, logprobs, last = choice.joined()
+        rendered.append(
+            ChatChoice(
+                index=choice.index,
+                message=AssistantMessage(content=text),
+                logprobs=chat_logprobs(logprobs, tokenizer) if want_logprobs else None,
+                finish_reason=_finish(last),
+                stop_reason=last.stop_reason,
+            )
+        )
+    return ChatCompletionResponse(id=request_id, model=model, choices=rendered, usage=usage)
 
 
 class _StreamRenderer:
@@ -128,8 +144,10 @@ class _StreamRenderer:
         want_logprobs: bool,
         continuous_usage: bool,
         tokenizer: PromptTokenizer,
+        index: int = 0,
     ) -> None:
         self._id, self._model, self._created = request_id, model, created
+        self._index = index  # this choice's place in `choices`
         self._prompt_tokens = prompt_tokens
         self._want_logprobs = want_logprobs
         self._continuous_usage = continuous_usage
@@ -161,7 +179,11 @@ class CompletionStreamRenderer(_StreamRenderer):
             logprobs = completion_logprobs(chunk.logprobs, self._tokenizer, self._text_offset)
         self._text_offset += len(chunk.text)
         choice = CompletionChoice(
-            text=chunk.text, logprobs=logprobs, finish_reason=_finish(chunk), stop_reason=chunk.stop_reason
+            index=self._index,
+            text=chunk.text,
+            logprobs=logprobs,
+            finish_reason=_finish(chunk),
+            stop_reason=chunk.stop_reason,
         )
         usage = self._running_usage(chunk.num_output_tokens)
         body = CompletionChunk(
@@ -169,8 +191,7 @@ class CompletionStreamRenderer(_StreamRenderer):
         )
         return [sse(body.model_dump())]
 
-    def usage(self, completion_tokens: int) -> str:
-        usage = UsageInfo.of(self._prompt_tokens, completion_tokens)
+    def usage(self, usage: UsageInfo) -> str:
         body = CompletionChunk(id=self._id, model=self._model, created=self._created, choices=[], usage=usage)
         return sse(body.model_dump())
 
@@ -187,18 +208,20 @@ class ChatStreamRenderer(_StreamRenderer):
         )
 
     def start(self) -> list[str]:
-        return [self._event(ChatStreamChoice(delta=DeltaMessage(role="assistant", content="")), 0)]
+        role = ChatStreamChoice(index=self._index, delta=DeltaMessage(role="assistant", content=""))
+        return [self._event(role, 0)]
 
     def chunk(self, chunk: OutputChunk) -> list[str]:
         if self._silent(chunk):
             return []
         logprobs = chat_logprobs(chunk.logprobs, self._tokenizer) if self._want_logprobs else None
         delta = DeltaMessage(content=chunk.text) if chunk.text else DeltaMessage()
-        choice = ChatStreamChoice(delta=delta, logprobs=logprobs, finish_reason=_finish(chunk))
+        choice = ChatStreamChoice(
+            index=self._index, delta=delta, logprobs=logprobs, finish_reason=_finish(chunk)
+        )
         return [self._event(choice, chunk.num_output_tokens)]
 
-    def usage(self, completion_tokens: int) -> str:
-        usage = UsageInfo.of(self._prompt_tokens, completion_tokens)
+    def usage(self, usage: UsageInfo) -> str:
         return sse(
             ChatCompletionChunk(
                 id=self._id, model=self._model, created=self._created, choices=[], usage=usage
