@@ -235,6 +235,7 @@ def _prepare(state: GatewayState, body: Body, endpoint: Endpoint[Body]) -> list[
             logprobs=logprobs,
             max_logprobs=state.settings.max_logprobs,
             names=names,
+            prompt_logprobs=endpoint.prompt_logprobs(body),
         )
         choices += [PlannedChoice(prompt_ids, _nth_sample(params, j)) for j in range(body.n)]
     return choices
@@ -303,22 +304,31 @@ async def _admit_and_run(
     model = state.settings.model_name
     # Usage counts each prompt once however many choices it has (as OpenAI does).
     prompt_tokens = sum(len(g.request.prompt_token_ids) for g in generations[:: body.n])
+    tokenizer = state.tokenizer
+    echoes = [
+        endpoint.echo(body, index // body.n, g.request.prompt_token_ids, tokenizer)
+        for index, g in enumerate(generations)
+    ]
+    shown = [echo is None or not echo.hide_output for echo in echoes]  # max_tokens 0: no output
     if body.stream:
         created = int(time.time())
         renderers = [
             endpoint.stream_renderer(
-                response_id, model, created, len(g.request.prompt_token_ids), body, state.tokenizer, index
+                response_id, model, created, len(g.request.prompt_token_ids), body, tokenizer, index, echo
             )
-            for index, g in enumerate(generations)
+            for index, (g, echo) in enumerate(zip(generations, echoes, strict=True))
         ]
-        events = _sse_events(generations, renderers, body.include_usage, prompt_tokens)
+        events = _sse_events(generations, renderers, body.include_usage, prompt_tokens, shown)
         return _SSEResponse(events, generations)
     outputs = await _collect_unless_disconnected(request, generations)
     if outputs is None:
         return Response(status_code=499)  # nginx's "client closed request"; nobody is there to read it
-    choices = [ChoiceOutput(index, chunks) for index, chunks in enumerate(outputs)]
-    usage = UsageInfo.of(prompt_tokens, sum(chunks[-1].num_output_tokens for chunks in outputs))
-    response = endpoint.response(response_id, model, choices, usage, body, state.tokenizer)
+    choices = [ChoiceOutput(index, chunks, echoes[index]) for index, chunks in enumerate(outputs)]
+    completion = sum(
+        chunks[-1].num_output_tokens for chunks, show in zip(outputs, shown, strict=True) if show
+    )
+    usage = UsageInfo.of(prompt_tokens, completion)
+    response = endpoint.response(response_id, model, choices, usage, body, tokenizer)
     return JSONResponse(response.model_dump())
 
 
@@ -397,15 +407,20 @@ async def _wait_for_disconnect(receive: Receive) -> None:
 
 
 async def _sse_events(
-    generations: list[Generation], renderers: list[StreamRenderer], include_usage: bool, prompt_tokens: int
+    generations: list[Generation],
+    renderers: list[StreamRenderer],
+    include_usage: bool,
+    prompt_tokens: int,
+    shown: list[bool],
 ) -> AsyncIterator[str]:
+    """shown: per choice, whether its output counts (not with `max_tokens: 0`)."""
     for renderer in renderers:
         for event in renderer.start():
             yield event
     completion_tokens = [0] * len(generations)
     try:
         async for index, chunk in _merged(generations):
-            completion_tokens[index] = chunk.num_output_tokens
+            completion_tokens[index] = chunk.num_output_tokens if shown[index] else 0
             for event in renderers[index].chunk(chunk):
                 yield event
     except BackendError as exc:

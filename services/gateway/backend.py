@@ -60,6 +60,9 @@ class TokenDelta:
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: str | None = None
+    # Prompt scoring (`sampling.prompt_logprobs`): one entry per prompt token after the first, on the
+    # delta that carries the first output token; None on every other delta.
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

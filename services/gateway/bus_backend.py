@@ -33,6 +33,7 @@ from alignedserve.bus.messages import (
     Message,
     PrefetchDone,
     PrefillRequest,
+    PromptScore,
     RequestEvicted,
     RequestFinished,
     RequestLost,
@@ -40,6 +41,7 @@ from alignedserve.bus.messages import (
     ServiceKind,
     TokenBatch,
     TokenEntry,
+    TopLogprobs,
     WorkerHeartbeat,
     WorkerState,
 )
@@ -358,6 +360,8 @@ class BusBackend:
             self._book.held(message.request_id, message.location.worker_id, message.created_at)
 
     def _on_tokens(self, batch: TokenBatch) -> None:
+        for score in batch.prompt_scores:  # ahead of the first tokens they came with
+            self._on_prompt_score(score)
         for raw in batch.entries:
             self._book.held(raw.request_id, batch.worker_id, batch.created_at)
             entry = self._book.translate(raw)  # the client's id and positions; None: superseded
@@ -370,6 +374,13 @@ class BusBackend:
                 continue
             for fresh in released:
                 queue.put_nowait(token_delta(fresh))
+
+    def _on_prompt_score(self, score: PromptScore) -> None:
+        request_id = self._book.owner(score.request_id)  # None: not this gateway's, or superseded
+        tracked = None if request_id is None else self._book.get(request_id)
+        queue = None if request_id is None else self._queues.get(request_id)
+        if tracked is not None and queue is not None:
+            queue.put_nowait(prompt_delta(score, tracked.request.prompt_token_ids))
 
     def _on_finished(self, finished: RequestFinished) -> None:
         # Normal ends arrive as the finish reason of the last TokenEntry; this covers failures only.
@@ -446,7 +457,12 @@ class BusBackend:
     def _migrated_request(self, migration: Migration) -> PrefillRequest:
         tracked = self._book.get(migration.request_id)
         assert tracked is not None, "the book returns migrations of tracked requests only"
-        sampling = dataclasses.replace(tracked.request.sampling, max_tokens=migration.max_tokens)
+        # Prompt scores come with the first token: once a token was released they were delivered, and
+        # the new incarnation's prompt (original + released tokens) is not the one to score.
+        scoring = None if tracked.released else tracked.request.sampling.prompt_logprobs
+        sampling = dataclasses.replace(
+            tracked.request.sampling, max_tokens=migration.max_tokens, prompt_logprobs=scoring
+        )
         return PrefillRequest(
             request_id=migration.incarnation,
             model=tracked.request.model,
@@ -475,21 +491,14 @@ def sampling_spec(params: SamplingParams) -> SamplingSpec:
         stop_token_ids=tuple(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
         logprobs=params.logprobs,
+        prompt_logprobs=params.prompt_logprobs,
     )
 
 
 def token_delta(entry: TokenEntry) -> TokenDelta:
     logprobs: tuple[TokenLogprob, ...] = ()
     if entry.logprobs is not None:
-        tops = entry.top_logprobs or ()
-        logprobs = tuple(
-            TokenLogprob(
-                token_id,
-                logprob,
-                tuple(zip(tops[i].token_ids, tops[i].logprobs, strict=True)) if i < len(tops) else (),
-            )
-            for i, (token_id, logprob) in enumerate(zip(entry.token_ids, entry.logprobs, strict=True))
-        )
+        logprobs = _logprobs(entry.token_ids, entry.logprobs, entry.top_logprobs or ())
     reason = entry.finish_reason
     finish = (
         None
@@ -497,5 +506,27 @@ def token_delta(entry: TokenEntry) -> TokenDelta:
         else (FINISH_ABORT if reason in (FinishReason.ABORT, FinishReason.ERROR) else str(reason))
     )
     return TokenDelta(
-        index=entry.first_index, token_ids=entry.token_ids, logprobs=logprobs, finish_reason=finish
+        index=entry.first_index,
+        token_ids=entry.token_ids,
+        logprobs=logprobs,
+        finish_reason=finish,
+    )
+
+
+def prompt_delta(score: PromptScore, prompt_token_ids: tuple[int, ...]) -> TokenDelta:
+    """A request's prompt logprobs as a delta with no tokens (the assembler takes them once)."""
+    scored = _logprobs(prompt_token_ids[1:], score.logprobs, score.top_logprobs)
+    return TokenDelta(index=0, token_ids=(), prompt_logprobs=scored)
+
+
+def _logprobs(
+    token_ids: tuple[int, ...], logprobs: tuple[float, ...], tops: tuple[TopLogprobs, ...]
+) -> tuple[TokenLogprob, ...]:
+    return tuple(
+        TokenLogprob(
+            token_id,
+            logprob,
+            tuple(zip(tops[i].token_ids, tops[i].logprobs, strict=True)) if i < len(tops) else (),
+        )
+        for i, (token_id, logprob) in enumerate(zip(token_ids, logprobs, strict=True))
     )

@@ -27,6 +27,7 @@ from alignedserve_services.gateway.render import (
     ChatStreamRenderer,
     ChoiceOutput,
     CompletionStreamRenderer,
+    EchoedPrompt,
     chat_response,
     completion_response,
 )
@@ -64,6 +65,16 @@ class Endpoint(Generic[Body]):
         """None: no logprobs; n: the chosen token's plus the n most likely alternatives."""
         raise NotImplementedError
 
+    def prompt_logprobs(self, body: Body) -> int | None:
+        """Prompt scoring the response shows (None: none)."""
+        return None
+
+    def echo(
+        self, body: Body, prompt_index: int, prompt_ids: tuple[int, ...], tokenizer: PromptTokenizer
+    ) -> EchoedPrompt | None:
+        """The prompt a choice of prompt `prompt_index` starts with (None: no echo)."""
+        return None
+
     def stream_renderer(
         self,
         request_id: str,
@@ -73,6 +84,7 @@ class Endpoint(Generic[Body]):
         body: Body,
         tokenizer: PromptTokenizer,
         index: int = 0,
+        echo: EchoedPrompt | None = None,
     ) -> StreamRenderer:
         """prompt_tokens: of this choice's prompt (for continuous usage stats)."""
         raise NotImplementedError
@@ -100,10 +112,27 @@ class CompletionsEndpoint(Endpoint[CompletionRequest]):
         return RequestParamNames(prompt="prompt", limit="max_tokens", logprobs="logprobs")
 
     def output_limit(self, body: CompletionRequest) -> int | None:
-        return body.max_tokens
+        # max_tokens 0 (echo alone): the engine makes its one token, which the response leaves out.
+        return 1 if body.max_tokens == 0 else body.max_tokens
 
     def logprobs(self, body: CompletionRequest) -> int | None:
         return body.logprobs
+
+    def prompt_logprobs(self, body: CompletionRequest) -> int | None:
+        return body.logprobs if body.echo else None
+
+    def echo(
+        self,
+        body: CompletionRequest,
+        prompt_index: int,
+        prompt_ids: tuple[int, ...],
+        tokenizer: PromptTokenizer,
+    ) -> EchoedPrompt | None:
+        if not body.echo:
+            return None
+        prompt = body.prompts()[prompt_index]
+        text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
+        return EchoedPrompt(text, prompt_ids, hide_output=body.max_tokens == 0)
 
     def stream_renderer(
         self,
@@ -114,10 +143,19 @@ class CompletionsEndpoint(Endpoint[CompletionRequest]):
         body: CompletionRequest,
         tokenizer: PromptTokenizer,
         index: int = 0,
+        echo: EchoedPrompt | None = None,
     ) -> StreamRenderer:
         want_logprobs = body.logprobs is not None
         return CompletionStreamRenderer(
-            request_id, model, created, prompt_tokens, want_logprobs, body.continuous_usage, tokenizer, index
+            request_id,
+            model,
+            created,
+            prompt_tokens,
+            want_logprobs,
+            body.continuous_usage,
+            tokenizer,
+            index,
+            echo=echo,
         )
 
     def response(
@@ -158,6 +196,7 @@ class ChatEndpoint(Endpoint[ChatCompletionRequest]):
         body: ChatCompletionRequest,
         tokenizer: PromptTokenizer,
         index: int = 0,
+        echo: EchoedPrompt | None = None,
     ) -> StreamRenderer:
         return ChatStreamRenderer(
             request_id, model, created, prompt_tokens, body.logprobs, body.continuous_usage, tokenizer, index

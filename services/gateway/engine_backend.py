@@ -219,6 +219,13 @@ def _to_delta(output: RequestOutput) -> TokenDelta:
             TokenLogprob(lp.token_id, lp.logprob, tuple(lp.top))
             for lp in output.logprobs[start : start + len(new)]
         )
+    prompt = output.prompt_logprobs
     return TokenDelta(
-        index=start, token_ids=tuple(new), logprobs=logprobs, finish_reason=output.finish_reason
+        index=start,
+        token_ids=tuple(new),
+        logprobs=logprobs,
+        finish_reason=output.finish_reason,
+        prompt_logprobs=None
+        if prompt is None or start > 0
+        else tuple(TokenLogprob(lp.token_id, lp.logprob, tuple(lp.top)) for lp in prompt),
     )

@@ -70,6 +70,7 @@ def sampling_params(
     logprobs: int | None,
     max_logprobs: int,
     names: RequestParamNames,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """Resolve max_tokens against the context and build the engine's SamplingParams."""
     context = tokenizer.max_model_len
@@ -108,6 +109,7 @@ def sampling_params(
         stop_token_ids=stop_ids,
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
     )
     try:
         return params.validate()

@@ -41,7 +41,6 @@ _NEUTRAL_VALUES: dict[str, Any] = {
     "min_p": 0.0,
     "min_tokens": 0,
     "logit_bias": None,
-    "echo": False,
     "suffix": None,
     "tools": None,
 }
@@ -123,12 +122,15 @@ def _is_neutral(value: Any, neutral: Any) -> bool:
 class CompletionRequest(SamplingFields):
     # A string, a list of token ids, or a batch of either (one choice, or n, per prompt).
     prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)  # 0 only with echo: the prompt back, scored
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = False
+    echo: bool = False  # the prompt before the completion (with logprobs: the prompt's too)
     suffix: str | None = None
 
     @model_validator(mode="after")
     def _check_prompt(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ParamError("max_tokens", "max_tokens=0 needs echo=true (it returns the prompt alone)")
         prompt = self.prompt
         if isinstance(prompt, list):
             if len(prompt) == 0:

@@ -39,11 +39,23 @@ def _finish(chunk: OutputChunk) -> Any:
 
 
 def completion_logprobs(
-    logprobs: Sequence[TokenLogprob], tokenizer: PromptTokenizer, text_offset: int = 0
+    logprobs: Sequence[TokenLogprob],
+    tokenizer: PromptTokenizer,
+    text_offset: int = 0,
+    unscored_first: int | None = None,
 ) -> CompletionLogprobs:
-    """Legacy format: parallel lists; top_logprobs holds the chosen token and its alternatives."""
+    """Legacy format: parallel lists; top_logprobs holds the chosen token and its alternatives.
+    `unscored_first`: a leading token with no logprob (an echoed prompt's first token: null, as in
+    vLLM and OpenAI)."""
     out = CompletionLogprobs()
     offset = text_offset
+    if unscored_first is not None:
+        token = tokenizer.decode_token(unscored_first)
+        out.tokens.append(token)
+        out.token_logprobs.append(None)
+        out.top_logprobs.append(None)
+        out.text_offset.append(offset)
+        offset += len(token)
     for entry in logprobs:
         token = tokenizer.decode_token(entry.token_id)
         out.tokens.append(token)
@@ -74,11 +86,25 @@ def _top(token: str, logprob: float) -> TopLogprob:
 
 
 @dataclass(frozen=True, slots=True)
+class EchoedPrompt:
+    """A completion choice's prompt as `echo` returns it. hide_output: `max_tokens: 0`, the prompt alone."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    hide_output: bool = False
+
+    def logprobs(self, chunk: OutputChunk, tokenizer: PromptTokenizer) -> CompletionLogprobs:
+        """The prompt's part of `logprobs` (its first token unscored), from the first output chunk."""
+        return completion_logprobs(chunk.prompt_logprobs or (), tokenizer, 0, self.token_ids[0])
+
+
+@dataclass(frozen=True, slots=True)
 class ChoiceOutput:
-    """All output chunks of one choice, and its place in the response's `choices`."""
+    """All output chunks of one choice, its place in the response's `choices`, and its echoed prompt."""
 
     index: int
     chunks: Sequence[OutputChunk]
+    echo: EchoedPrompt | None = None
 
     def joined(self) -> tuple[str, list[TokenLogprob], OutputChunk]:
         text = "".join(c.text for c in self.chunks)
@@ -97,16 +123,40 @@ def completion_response(
     rendered = []
     for choice in choices:
         text, logprobs, last = choice.joined()
+        echo = choice.echo
+        if echo is not None and echo.hide_output:
+            text, logprobs = "", []
+        rendered_logprobs = None
+        if want_logprobs and echo is None:
+            rendered_logprobs = completion_logprobs(logprobs, tokenizer)
+        elif want_logprobs and echo is not None:
+            prompt = echo.logprobs(choice.chunks[0], tokenizer)
+            rendered_logprobs = _concat(prompt, logprobs, tokenizer, echo.text)
+        if echo is not None:
+            text = echo.text + text
         rendered.append(
             CompletionChoice(
                 index=choice.index,
                 text=text,
-                logprobs=completion_logprobs(logprobs, tokenizer) if want_logprobs else None,
+                logprobs=rendered_logprobs,
                 finish_reason=_finish(last),
                 stop_reason=last.stop_reason,
             )
         )
     return CompletionResponse(id=request_id, model=model, choices=rendered, usage=usage)
+
+
+def _concat(
+    prompt: CompletionLogprobs, output: Sequence[TokenLogprob], tokenizer: PromptTokenizer, prompt_text: str
+) -> CompletionLogprobs:
+    """The prompt's logprobs, then the output's with offsets after the echoed prompt text."""
+    rest = completion_logprobs(output, tokenizer, len(prompt_text))
+    return CompletionLogprobs(
+        tokens=prompt.tokens + rest.tokens,
+        token_logprobs=prompt.token_logprobs + rest.token_logprobs,
+        top_logprobs=prompt.top_logprobs + rest.top_logprobs,
+        text_offset=prompt.text_offset + rest.text_offset,
+    )
 
 
 def chat_response(
@@ -162,16 +212,41 @@ class _StreamRenderer:
 
 
 class CompletionStreamRenderer(_StreamRenderer):
-    """SSE events of one /v1/completions stream."""
+    """SSE events of one /v1/completions stream; with `echo`, the prompt is the first event (sent with
+    the first output chunk, which carries the prompt's logprobs)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, echo: EchoedPrompt | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._text_offset = 0
+        self._echo = echo  # None once sent
+        self._hidden = echo is not None and echo.hide_output  # max_tokens 0: no output text at all
 
     def start(self) -> list[str]:
         return []
 
     def chunk(self, chunk: OutputChunk) -> list[str]:
+        events = [] if self._echo is None else [self._echoed(self._echo, chunk)]
+        self._echo = None
+        if not self._hidden:
+            return events + self._output(chunk)
+        if chunk.finish_reason is not None:
+            finish = CompletionChoice(index=self._index, text="", finish_reason=_finish(chunk))
+            events.append(self._event(finish, 0))
+        return events
+
+    def _echoed(self, echo: EchoedPrompt, chunk: OutputChunk) -> str:
+        logprobs = echo.logprobs(chunk, self._tokenizer) if self._want_logprobs else None
+        self._text_offset = len(echo.text)
+        return self._event(CompletionChoice(index=self._index, text=echo.text, logprobs=logprobs), 0)
+
+    def _event(self, choice: CompletionChoice, completion_tokens: int) -> str:
+        usage = self._running_usage(completion_tokens)
+        body = CompletionChunk(
+            id=self._id, model=self._model, created=self._created, choices=[choice], usage=usage
+        )
+        return sse(body.model_dump())
+
+    def _output(self, chunk: OutputChunk) -> list[str]:
         if self._silent(chunk):
             return []
         logprobs = None
@@ -185,11 +260,7 @@ class CompletionStreamRenderer(_StreamRenderer):
             finish_reason=_finish(chunk),
             stop_reason=chunk.stop_reason,
         )
-        usage = self._running_usage(chunk.num_output_tokens)
-        body = CompletionChunk(
-            id=self._id, model=self._model, created=self._created, choices=[choice], usage=usage
-        )
-        return [sse(body.model_dump())]
+        return [self._event(choice, chunk.num_output_tokens)]
 
     def usage(self, usage: UsageInfo) -> str:
         body = CompletionChunk(id=self._id, model=self._model, created=self._created, choices=[], usage=usage)

@@ -34,6 +34,7 @@ class OutputChunk:
     num_output_tokens: int  # counted output tokens so far (usage.completion_tokens)
     finish_reason: str | None = None  # "stop" | "length" on the last chunk
     stop_reason: str | int | None = None  # the stop string or token id that ended it
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # on the first chunk, when scored
 
 
 class OutputAssembler:
@@ -46,6 +47,8 @@ class OutputAssembler:
         self._output_ids: list[int] = []
         self._logprobs: list[TokenLogprob] = []
         self._counted = 0  # output tokens already handed out in chunks
+        self._prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # scored prompt, not yet handed out
+        self._prompt_seen = False  # a re-delivery or a later incarnation may score the prompt again
         self.finish_reason: str | None = None
         self.backend_finished = False  # the backend sent its last delta (nothing left to cancel)
 
@@ -58,6 +61,8 @@ class OutputAssembler:
         if self.finished:
             return None
         self.backend_finished = self.backend_finished or delta.finish_reason is not None
+        if delta.prompt_logprobs is not None and not self._prompt_seen:
+            self._prompt_logprobs, self._prompt_seen = delta.prompt_logprobs, True
         new_ids, new_logprobs = self._new_tokens(delta)
         self._output_ids += new_ids
         self._logprobs += new_logprobs
@@ -86,9 +91,11 @@ class OutputAssembler:
         counted = self._checker.num_tokens  # tokens after a stop are not counted
         token_ids = tuple(self._output_ids[self._counted : counted])
         logprobs = tuple(self._logprobs[self._counted : counted])
+        prompt, self._prompt_logprobs = self._prompt_logprobs, None
         if reason is not None:
             self.finish_reason = reason
-        elif not text and not token_ids:
+        elif not text and not token_ids and prompt is None:
             return None
         self._counted = counted
-        return OutputChunk(text, token_ids, logprobs, counted, reason, stop_reason if reason else None)
+        stop = stop_reason if reason else None
+        return OutputChunk(text, token_ids, logprobs, counted, reason, stop, prompt_logprobs=prompt)

@@ -37,6 +37,10 @@ class PromptTokenizer:
         )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Token ids as text, special tokens included (an echoed token-id prompt)."""
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
+
     def decode_token(self, token_id: int) -> str:
         return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
 

@@ -29,6 +29,7 @@ from alignedserve.bus.messages import (
     PlannedRequest,
     PrefetchDone,
     PrefillRequest,
+    PromptScore,
     RequestFinished,
     RequestState,
     ServiceKind,
@@ -83,10 +84,22 @@ def take_batch(queue: deque[PrefillRequest], max_tokens: int, max_seqs: int) -> 
 def first_tokens(worker_id: str, iteration: int, done: list[Prefilled]) -> dict[str, TokenBatch]:
     """One TokenBatch per gateway with every first token of this prefill (output position 0)."""
     entries: dict[str, list[TokenEntry]] = defaultdict(list)
+    scores: dict[str, list[PromptScore]] = defaultdict(list)
     for item in done:
         entries[item.request.gateway_id].append(first_entry(item.output))
+        prompt = item.output.prompt_logprobs
+        if prompt is not None:
+            scores[item.request.gateway_id].append(
+                PromptScore(
+                    request_id=item.output.request_id,
+                    logprobs=tuple(lp.logprob for lp in prompt),
+                    top_logprobs=tuple(top_alternatives(lp) for lp in prompt),
+                )
+            )
     return {
-        gw: TokenBatch(worker_id=worker_id, iteration=iteration, entries=tuple(e))
+        gw: TokenBatch(
+            worker_id=worker_id, iteration=iteration, entries=tuple(e), prompt_scores=tuple(scores[gw])
+        )
         for gw, e in entries.items()
     }
 

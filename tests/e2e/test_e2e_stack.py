@@ -167,3 +167,32 @@ def test_loadgen_drives_the_stack_and_checks_every_token_count(stack: Stack, tmp
         assert record["server_prompt_tokens"] == record["input_len"], record
         assert record["finish_reason"] == "length"
         assert len(record["chunk_times_s"]) >= 1 and record["ttft_s"] is not None
+
+
+def test_echo_scores_prompts_and_n_gives_choices_through_the_stack(stack: Stack) -> None:
+    """How evaluation harnesses score text (`echo`, `max_tokens: 0`, `logprobs`), through prefill workers
+    and the bus; the prompt logprobs equal the engine's own, offline."""
+    from alignedserve.engine.config import EngineConfig
+    from alignedserve.engine.engine import LLMEngine
+    from alignedserve.engine.sampling import SamplingParams
+
+    prompts = ["The capital of France is Paris.", "Two plus two is four."]
+    body = {"model": MODEL, "prompt": prompts, "echo": True, "max_tokens": 0, "logprobs": 1, "temperature": 0}
+    reply = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=300)
+    assert reply.status_code == 200, reply.text
+    choices = reply.json()["choices"]
+    assert [c["text"] for c in choices] == prompts
+    engine = LLMEngine(EngineConfig(model=MODEL))
+    for prompt, choice in zip(prompts, choices, strict=True):
+        ids = engine.tokenizer(prompt)["input_ids"]
+        offline = engine.generate([ids], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1))[0]
+        assert offline.prompt_logprobs is not None
+        served = choice["logprobs"]["token_logprobs"]
+        assert served[0] is None and len(served) == len(ids)
+        for got, want in zip(served[1:], offline.prompt_logprobs, strict=True):
+            assert abs(got - want.logprob) < 1e-4
+    assert reply.json()["usage"]["completion_tokens"] == 0
+    sampled = chat_body(n=3, seed=1, temperature=1.0, max_tokens=8)
+    reply = httpx.post(f"{stack.url}/v1/chat/completions", json=sampled, timeout=300)
+    assert reply.status_code == 200, reply.text
+    assert [c["index"] for c in reply.json()["choices"]] == [0, 1, 2]

@@ -126,6 +126,7 @@ class SamplingSpec:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # trace replay forces output lengths
     logprobs: int | None = None  # None: none; 0: the sampled token's; n: plus the top n
+    prompt_logprobs: int | None = None  # prompt scoring: each prompt token's (after the first) + top n
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,6 +172,17 @@ class TokenEntry:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PromptScore:
+    """A prefilled request's prompt logprobs (it asked for `prompt_logprobs`): prompt tokens 1.. each
+    given those before it (the gateway knows the prompt's ids), and their top alternatives. Kept out of
+    TokenEntry, which every decode iteration sends for every request."""
+
+    request_id: str
+    logprobs: tuple[float, ...]
+    top_logprobs: tuple[TopLogprobs, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlannedRequest:
     """One member of a BatchPlan: enough to prefetch its KV and to run it on the decode worker."""
 
@@ -206,7 +218,7 @@ class PrefillRequest(Message):
     """gateway -> prefill: run this prompt."""
 
     TYPE: ClassVar[str] = "prefill_request"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # v2: prompt logprobs (SamplingSpec, TokenBatch)
 
     request_id: str
     model: str
@@ -221,11 +233,12 @@ class TokenBatch(Message):
     """prefill/decode -> gateway: the tokens one iteration produced, for many requests at once."""
 
     TYPE: ClassVar[str] = "token_batch"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # v2: prompt logprobs (SamplingSpec, TokenBatch)
 
     worker_id: str
     iteration: int  # the producer's iteration counter (for logs; de-dup uses first_index)
     entries: tuple[TokenEntry, ...]
+    prompt_scores: tuple[PromptScore, ...] = ()  # from a prefill: before its requests' first tokens
 
     def routing_key(self) -> str | None:
         return self.worker_id  # one producer's batches stay in order
@@ -236,7 +249,7 @@ class KvReady(Message):
     """prefill/kvpool -> batcher: a prefilled request's KV is stored and it can be batched."""
 
     TYPE: ClassVar[str] = "kv_ready"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # v2: prompt logprobs (SamplingSpec, TokenBatch)
 
     request_id: str
     prefix_len: int  # tokens in its KV
@@ -274,7 +287,7 @@ class BatchPlan(Message):
     """batcher -> staging prefill worker and target decode worker: prefetch these requests."""
 
     TYPE: ClassVar[str] = "batch_plan"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # v2: prompt logprobs (SamplingSpec, TokenBatch)
 
     batch_id: int
     decode_worker_id: str
@@ -332,7 +345,7 @@ class RequestEvicted(Message):
     """decode -> batcher / staging prefill: a running request left the batch for lack of KV room."""
 
     TYPE: ClassVar[str] = "request_evicted"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # v2: prompt logprobs (SamplingSpec, TokenBatch)
 
     request_id: str
     decode_worker_id: str

@@ -283,22 +283,39 @@ class LLMEngine:
             raise KeyError(f"unknown request {request_id!r}") from None
 
     def _run_prefill(self, chunks: list[ScheduledChunk]) -> list[RequestOutput]:
-        logits = self.runner.prefill(
-            [
-                PrefillChunk(
-                    c.request.token_ids(c.start, c.start + c.length),
-                    c.start,
-                    self.allocator.block_table(c.request.request_id),
-                    c.completes,
-                )
-                for c in chunks
-            ]
-        )
+        result = self.runner.prefill([self._prefill_chunk(c) for c in chunks])
         self._note_timing()
+        for chunk, scores in zip(chunks, result.scores, strict=True):
+            if scores is not None:
+                self._keep_prompt_logprobs(chunk, scores)
         completed = [c.request for c in chunks if c.completes]
         for chunk in chunks:
             self.scheduler.finish_prefill(chunk)
-        return self._sample(completed, logits)
+        return self._sample(completed, result.logits, first=True)
+
+    def _prefill_chunk(self, chunk: ScheduledChunk) -> PrefillChunk:
+        request, end = chunk.request, chunk.start + chunk.length
+        wanted = request.params.prompt_logprobs
+        return PrefillChunk(
+            request.token_ids(chunk.start, end),
+            chunk.start,
+            self.allocator.block_table(request.request_id),
+            chunk.completes,
+            score_targets=request.prompt_targets(chunk.start, end) if wanted is not None else None,
+            score_top=wanted or 0,
+        )
+
+    @staticmethod
+    def _keep_prompt_logprobs(
+        chunk: ScheduledChunk, scores: list[tuple[float, list[tuple[int, float]]]]
+    ) -> None:
+        request = chunk.request
+        if chunk.start == 0 or request.prompt_logprobs is None:  # a recompute after preemption restarts
+            request.prompt_logprobs = []
+        targets = request.prompt_targets(chunk.start, chunk.start + chunk.length)
+        request.prompt_logprobs += [
+            TokenLogprob(token, logprob, top) for token, (logprob, top) in zip(targets, scores, strict=True)
+        ]
 
     def _run_decode(self, running: list[Request]) -> list[RequestOutput]:
         rows = [
@@ -311,7 +328,11 @@ class LLMEngine:
             request.num_computed += 1
         return self._sample(running, logits)
 
-    def _sample(self, requests: list[Request], logits: torch.Tensor) -> list[RequestOutput]:
+    def _sample(
+        self, requests: list[Request], logits: torch.Tensor, first: bool = False
+    ) -> list[RequestOutput]:
+        """first: these requests just finished their prefill. Prompt logprobs ride on that output and on
+        the final one (streams read the first, `generate` the last)."""
         if not requests:
             return []
         sampled = self.sampler(logits, [r.params for r in requests], [r.generator for r in requests])
@@ -330,7 +351,7 @@ class LLMEngine:
                 if request.status is not RequestStatus.PARKED:
                     self._requests.pop(request.request_id, None)
                     self.scheduler.remove(request)
-            outputs.append(request.output(1))
+            outputs.append(request.output(1, with_prompt_logprobs=first or reason is not None))
         return outputs
 
     def _note_timing(self) -> None:

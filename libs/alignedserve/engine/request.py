@@ -45,6 +45,9 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None  # "stop", "length", "abort" or None while running
     logprobs: list[TokenLogprob] | None  # one per output token, when the request asked for them
+    # One per prompt token after the first (its logprob given the tokens before it), when the request
+    # asked for them; only in the output of the step that finished the prompt's prefill, and the last.
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class StopRule(Protocol):
@@ -79,6 +82,7 @@ class Request:
     park_after_prefill: bool = False
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -91,7 +95,12 @@ class Request:
             return self.prompt_token_ids[start:end]
         return (self.prompt_token_ids + self.output_token_ids)[start:end]
 
-    def output(self, new_tokens: int) -> RequestOutput:
+    def prompt_targets(self, start: int, end: int) -> list[int]:
+        """The prompt tokens that positions [start, end) predict (position p predicts token p + 1)."""
+        return self.prompt_token_ids[start + 1 : min(end + 1, len(self.prompt_token_ids))]
+
+    def output(self, new_tokens: int, with_prompt_logprobs: bool = False) -> RequestOutput:
+        prompt_logprobs = self.prompt_logprobs if with_prompt_logprobs else None
         return RequestOutput(
             request_id=self.request_id,
             new_token_ids=self.output_token_ids[len(self.output_token_ids) - new_tokens :]
@@ -101,4 +110,5 @@ class Request:
             finished=self.finish_reason is not None,
             finish_reason=self.finish_reason,
             logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            prompt_logprobs=list(prompt_logprobs) if prompt_logprobs is not None else None,
         )

@@ -22,6 +22,7 @@ from alignedserve.engine.attention import (
 from alignedserve.engine.decode_kv import DecodeKv, GatheredKv
 from alignedserve.engine.kv_cache import PagedKvCache
 from alignedserve.engine.model import PagedModel
+from alignedserve.engine.sampling import score_tokens
 from alignedserve.engine.timing import IterationTimer, IterationTiming, NullTimer
 
 
@@ -33,6 +34,19 @@ class PrefillChunk:
     start: int  # tokens of this request already in the KV cache
     block_table: list[int]
     wants_logits: bool  # last chunk of the prompt: return logits of its final token
+    # Prompt scoring: the tokens this chunk's first len(score_targets) positions predict, whose logprobs
+    # (and each position's `score_top` most likely tokens) the prefill returns. None: no scoring.
+    score_targets: list[int] | None = None
+    score_top: int = 0
+
+
+@dataclass(frozen=True)
+class PrefillOutput:
+    """logits: [N, vocab] float32 of the chunks that wanted them, in chunk order; scores: per chunk,
+    (logprob, top alternatives) of each score target, or None for chunks that did not score."""
+
+    logits: torch.Tensor
+    scores: list[list[tuple[float, list[tuple[int, float]]]] | None]
 
 
 @dataclass(frozen=True)
@@ -77,8 +91,10 @@ class ModelRunner:
         self.block_size = cache.layout.block_size
         self.last_timing: IterationTiming | None = None
 
-    def prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor:
-        """Run all chunks in one forward; returns [N, vocab] float32 logits for chunks wanting them."""
+    SCORE_ROWS = 256  # prompt-scoring logits are made this many rows at a time: [256, vocab] float32
+
+    def prefill(self, chunks: list[PrefillChunk]) -> PrefillOutput:
+        """Run all chunks in one forward: logits for chunks wanting them, scores for chunks scoring."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -105,10 +121,26 @@ class ModelRunner:
                 cache.write(layer, slot_tensor, k, v)
                 return prefill_attention(cache, layer, q, k, v, spans, scale)
 
-        logits = self._forward(ids, positions, attend, last_rows)
+        hidden, logits = self._forward(ids, positions, attend, last_rows)
+        scores = [self._score(hidden, span.q_start, chunk) for span, chunk in zip(spans, chunks, strict=True)]
         contexts = [c.start + len(c.token_ids) for c in chunks]
         self._record("prefill", len(chunks), len(ids), contexts, "per_sequence")
-        return logits
+        return PrefillOutput(logits, scores)
+
+    def _score(
+        self, hidden: torch.Tensor, first_row: int, chunk: PrefillChunk
+    ) -> list[tuple[float, list[tuple[int, float]]]] | None:
+        """hidden: [T, hidden] of the whole prefill batch; this chunk's rows start at `first_row`."""
+        if chunk.score_targets is None:
+            return None
+        scored: list[tuple[float, list[tuple[int, float]]]] = []
+        targets = chunk.score_targets
+        for start in range(0, len(targets), self.SCORE_ROWS):
+            part = targets[start : start + self.SCORE_ROWS]
+            rows = hidden[first_row + start : first_row + start + len(part)]
+            chosen, top = score_tokens(self.model.logits(rows), self._tensor(part), chunk.score_top)
+            scored += zip(chosen, top, strict=True)
+        return scored
 
     def decode(self, rows: list[DecodeRow]) -> torch.Tensor:
         """One token for every row in one forward; returns [B, vocab] float32 logits."""
@@ -136,7 +168,7 @@ class ModelRunner:
                 return decode_attention(cache, layer, q, plan, scale, decode_kv, (k, v))
 
         ids = [row.token_id for row in rows]
-        logits = self._forward(ids, [row.position for row in rows], attend, None)
+        _, logits = self._forward(ids, [row.position for row in rows], attend, None)
         self._record("decode", len(rows), len(rows), context_lens, grouping.name)
         return logits
 
@@ -146,12 +178,12 @@ class ModelRunner:
         positions: list[int],
         attend: object,
         logit_rows: list[int] | None,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (hidden [T, hidden] of every token, logits [N, vocab] of `logit_rows`, or of all rows)."""
         with self.timer.forward():
             hidden = self.model.hidden(self._tensor(ids), self._tensor(positions), attend)  # type: ignore[arg-type]
-            if logit_rows is not None:
-                hidden = hidden[self._tensor(logit_rows)]
-            return self.model.logits(hidden)
+            wanted = hidden if logit_rows is None else hidden[self._tensor(logit_rows)]
+            return hidden, self.model.logits(wanted)
 
     def _record(self, kind: str, batch: int, tokens: int, contexts: list[int], strategy: str) -> None:
         total, attention = self.timer.take()

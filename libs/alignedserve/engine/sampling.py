@@ -34,6 +34,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # per prompt token after the first: its logprob + the top n
 
     def __post_init__(self) -> None:
         # Accept lists from callers (JSON bodies) but keep the frozen object hashable.
@@ -62,6 +63,8 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
         if self.logprobs is not None and not (0 <= self.logprobs <= 20):
             raise ValueError(f"logprobs must be None or in [0, 20], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not (0 <= self.prompt_logprobs <= 20):
+            raise ValueError(f"prompt_logprobs must be None or in [0, 20], got {self.prompt_logprobs}")
         return self
 
 
@@ -202,3 +205,17 @@ def _check_inputs(
         )
     if vocab == 0:
         raise ValueError("logits have an empty vocabulary dimension")
+
+
+def score_tokens(
+    logits: torch.Tensor, targets: torch.Tensor, top: int
+) -> tuple[list[float], list[list[tuple[int, float]]]]:
+    """Log-probabilities of given tokens (prompt scoring). logits: [R, V] (row i predicts targets[i]);
+    targets: [R] int64 -> each target's logprob, and each row's `top` most likely (id, logprob)."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # [R, V]
+    chosen = log_probs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+    if top == 0:
+        return chosen, [[] for _ in chosen]
+    values, ids = torch.topk(log_probs, top, dim=-1)  # [R, top]
+    pairs = [list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
+    return chosen, pairs

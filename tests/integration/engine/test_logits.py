@@ -40,7 +40,7 @@ def check_prefill_then_decode(engine: LLMEngine, model: PreTrainedModel, prompts
         PrefillChunk(p[half:], half, tables[i], True) if i == longest else PrefillChunk(p, 0, tables[i], True)
         for i, p in enumerate(prompts)
     ]
-    prefill_logits = engine.runner.prefill(chunks)
+    prefill_logits = engine.runner.prefill(chunks).logits
     next_tokens = prefill_logits.argmax(-1).tolist()
     for index, prompt in enumerate(prompts):
         want = reference_last_logits(model, prompt)

@@ -8,7 +8,9 @@ import dataclasses
 from alignedserve.bus.messages import (
     FinishReason,
     PrefillRequest,
+    PromptScore,
     SamplingSpec,
+    TokenBatch,
     TokenEntry,
     TopLogprobs,
     decode,
@@ -16,13 +18,13 @@ from alignedserve.bus.messages import (
 )
 from alignedserve.engine.sampling import SamplingParams
 from alignedserve_services.gateway.backend import TokenLogprob
-from alignedserve_services.gateway.bus_backend import sampling_spec, token_delta
+from alignedserve_services.gateway.bus_backend import prompt_delta, sampling_spec, token_delta
 
 
 def test_sampling_spec_mirrors_every_sampling_field() -> None:
     params = SamplingParams(
         max_tokens=7, temperature=0.5, top_k=4, top_p=0.9, seed=3, stop=("x",), stop_token_ids=(9,),
-        ignore_eos=True, logprobs=2,
+        ignore_eos=True, logprobs=2, prompt_logprobs=1,
     )  # fmt: skip
     spec = sampling_spec(params)
     assert {f.name for f in dataclasses.fields(SamplingSpec)} == {
@@ -52,3 +54,15 @@ def test_failed_requests_become_aborts() -> None:
     for reason in (FinishReason.ABORT, FinishReason.ERROR):
         delta = token_delta(TokenEntry(request_id="r", first_index=0, token_ids=(), finish_reason=reason))
         assert delta.finish_reason == "abort" and delta.logprobs == ()
+
+
+def test_prompt_scores_travel_in_the_token_batch_and_name_the_prompt_tokens() -> None:
+    score = PromptScore(
+        request_id="r", logprobs=(-1.0, -2.5),
+        top_logprobs=(TopLogprobs(token_ids=(8,), logprobs=(-0.2,)), TopLogprobs(token_ids=(9,), logprobs=(-0.1,))),
+    )  # fmt: skip
+    batch = TokenBatch(worker_id="p", iteration=1, entries=(), prompt_scores=(score,))
+    assert decode(encode(batch)) == batch
+    delta = prompt_delta(score, (5, 6, 7))  # logprobs of prompt tokens 6 and 7
+    assert (delta.index, delta.token_ids) == (0, ())
+    assert delta.prompt_logprobs == (TokenLogprob(6, -1.0, ((8, -0.2),)), TokenLogprob(7, -2.5, ((9, -0.1),)))

@@ -148,7 +148,13 @@ BAD_PARAMETERS: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     (COMPLETIONS, {"model": "tiny", "prompt": []}, "prompt", "prompt must not be empty"),
     (COMPLETIONS, {"model": "tiny", "prompt": [1, 10**6]}, "prompt", "prompt token ids must be in [0,"),
-    (COMPLETIONS, {"model": "tiny", "prompt": "hi", "echo": True}, "echo", "echo=True is not supported"),
+    (
+        COMPLETIONS,
+        {"model": "tiny", "prompt": "hi", "max_tokens": 0},
+        "max_tokens",
+        "max_tokens=0 needs echo=true",
+    ),
+    (COMPLETIONS, {"model": "tiny", "prompt": "hi", "suffix": "x"}, "suffix", "suffix='x' is not supported"),
     (COMPLETIONS, {"model": "tiny", "prompt": "hi", "suffix": "x"}, "suffix", "not supported"),
     (COMPLETIONS, {"model": "tiny", "prompt": "hi", "request_id": "bad id!"}, "request_id", "pattern"),
 ]

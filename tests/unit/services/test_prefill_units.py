@@ -84,6 +84,23 @@ def test_first_tokens_carries_logprobs_and_top_alternatives() -> None:
     assert entry.top_logprobs == (TopLogprobs(token_ids=(40, 41), logprobs=(-0.5, -1.5)),)
 
 
+def test_first_tokens_carries_prompt_scores_beside_the_entries() -> None:
+    scored = dataclasses.replace(
+        output("a", [40]),
+        prompt_logprobs=[TokenLogprob(2, -1.0, [(2, -1.0)]), TokenLogprob(3, -2.0, [(7, -0.5)])],
+    )
+    batch = first_tokens(
+        "p", 1, [Prefilled(prompt("a", 3), scored, None), Prefilled(prompt("b", 3), output("b", [5]), None)]
+    )
+    (score,) = batch["gw-a"].prompt_scores  # only the request that asked
+    assert score.request_id == "a" and score.logprobs == (-1.0, -2.0)
+    assert score.top_logprobs == (
+        TopLogprobs(token_ids=(2,), logprobs=(-1.0,)),
+        TopLogprobs(token_ids=(7,), logprobs=(-0.5,)),
+    )
+    assert [e.request_id for e in batch["gw-a"].entries] == ["a", "b"]
+
+
 def test_request_state_keeps_the_recent_tokens() -> None:
     state = request_state(prompt("a", 5), list(range(100)))
     assert state.prompt_len == 5 and state.output_len == 100
