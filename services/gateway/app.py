@@ -4,22 +4,19 @@ A request's path: parse and validate the body (400) -> model check (404) -> not 
 -> tokenize, context check (400) -> admission (429 + Retry-After when `max_inflight` requests run) ->
 backend. A request of several choices (`n`, batched prompts) runs each as its own backend request and
 admits each. The response is one JSON body, or SSE events ending with `data: [DONE]`. A client that goes
-away cancels its requests in the backend (see `generation.py`).
+away cancels its requests in the backend (`generation.py`, `delivery.py`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-import anyio
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from prometheus_client import Gauge
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -34,12 +31,12 @@ from alignedserve_services.gateway.backend import (
     RequestRejected,
 )
 from alignedserve_services.gateway.config import GatewaySettings
+from alignedserve_services.gateway.delivery import SSEResponse, collect_unless_disconnected, sse_events
 from alignedserve_services.gateway.endpoints import (
     Body,
     ChatEndpoint,
     CompletionsEndpoint,
     Endpoint,
-    StreamRenderer,
 )
 from alignedserve_services.gateway.errors import APIError, install_error_handlers
 from alignedserve_services.gateway.generation import Generation
@@ -53,8 +50,7 @@ from alignedserve_services.gateway.protocol import (
     UsageInfo,
     new_request_id,
 )
-from alignedserve_services.gateway.render import SSE_DONE, ChoiceOutput, sse
-from alignedserve_services.gateway.textstream import OutputChunk
+from alignedserve_services.gateway.render import ChoiceOutput
 from alignedserve_services.gateway.tokenizer import PromptTokenizer
 
 log = get_logger(__name__)
@@ -318,9 +314,9 @@ async def _admit_and_run(
             )
             for index, (g, echo) in enumerate(zip(generations, echoes, strict=True))
         ]
-        events = _sse_events(generations, renderers, body.include_usage, prompt_tokens, shown)
-        return _SSEResponse(events, generations)
-    outputs = await _collect_unless_disconnected(request, generations)
+        events = sse_events(generations, renderers, body.include_usage, prompt_tokens, shown)
+        return SSEResponse(events, generations)
+    outputs = await collect_unless_disconnected(request, generations)
     if outputs is None:
         return Response(status_code=499)  # nginx's "client closed request"; nobody is there to read it
     choices = [ChoiceOutput(index, chunks, echoes[index]) for index, chunks in enumerate(outputs)]
@@ -330,126 +326,3 @@ async def _admit_and_run(
     usage = UsageInfo.of(prompt_tokens, completion)
     response = endpoint.response(response_id, model, choices, usage, body, tokenizer)
     return JSONResponse(response.model_dump())
-
-
-async def _merged(generations: list[Generation]) -> AsyncIterator[tuple[int, OutputChunk]]:
-    """(choice index, chunk) from every generation as each arrives; raises the first BackendError."""
-    if len(generations) == 1:
-        async for chunk in generations[0].chunks():
-            yield 0, chunk
-        return
-    queue: asyncio.Queue[tuple[int, OutputChunk | Exception | None]] = asyncio.Queue()
-
-    async def pump(index: int, generation: Generation) -> None:
-        try:
-            async for chunk in generation.chunks():
-                await queue.put((index, chunk))
-            await queue.put((index, None))
-        except Exception as exc:  # handed to the consumer, which raises it
-            await queue.put((index, exc))
-
-    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generations)]
-    try:
-        running = len(tasks)
-        while running:
-            index, item = await queue.get()
-            if item is None:
-                running -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _close_all(generations: list[Generation], reason: str) -> None:
-    for generation in generations:
-        await generation.close(reason)
-
-
-async def _collect_unless_disconnected(
-    request: Request, generations: list[Generation]
-) -> list[list[OutputChunk]] | None:
-    """Every choice's chunks, or None if the client disconnected first (then all are cancelled)."""
-
-    async def collect() -> list[list[OutputChunk]]:
-        outputs: list[list[OutputChunk]] = [[] for _ in generations]
-        async for index, chunk in _merged(generations):
-            outputs[index].append(chunk)
-        return outputs
-
-    collector = asyncio.ensure_future(collect())
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
-    try:
-        await asyncio.wait({collector, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if collector.done():
-            try:
-                return collector.result()
-            except BackendError as exc:
-                await _close_all(generations, "backend_error")
-                raise APIError(500, f"generation failed: {exc}") from None
-        collector.cancel()
-        await _close_all(generations, "client_disconnected")
-        return None
-    finally:
-        watcher.cancel()
-        collector.cancel()
-        await _close_all(generations, "request_ended")
-
-
-async def _wait_for_disconnect(receive: Receive) -> None:
-    # The body is already read, so the next ASGI message can only be the disconnect.
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _sse_events(
-    generations: list[Generation],
-    renderers: list[StreamRenderer],
-    include_usage: bool,
-    prompt_tokens: int,
-    shown: list[bool],
-) -> AsyncIterator[str]:
-    """shown: per choice, whether its output counts (not with `max_tokens: 0`)."""
-    for renderer in renderers:
-        for event in renderer.start():
-            yield event
-    completion_tokens = [0] * len(generations)
-    try:
-        async for index, chunk in _merged(generations):
-            completion_tokens[index] = chunk.num_output_tokens if shown[index] else 0
-            for event in renderers[index].chunk(chunk):
-                yield event
-    except BackendError as exc:
-        await _close_all(generations, "backend_error")
-        yield sse(APIError(500, f"generation failed: {exc}").body())
-        yield SSE_DONE
-        return
-    if include_usage:
-        yield renderers[0].usage(UsageInfo.of(prompt_tokens, sum(completion_tokens)))
-    yield SSE_DONE
-
-
-class _SSEResponse(StreamingResponse):
-    """SSE that always closes its generations: cancels in the backend when the client went away."""
-
-    def __init__(self, events: AsyncIterator[str], generations: list[Generation]) -> None:
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of tokens
-        super().__init__(events, media_type="text/event-stream", headers=headers)
-        self._events = events
-        self._generations = generations
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                aclose: Any = getattr(self._events, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-                for generation in self._generations:
-                    reason = "ended_before_backend" if generation.finished else "client_disconnected"
-                    await generation.close(reason)
