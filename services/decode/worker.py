@@ -28,20 +28,19 @@ from alignedserve.bus.messages import (
     Message,
     PrefetchDone,
     RequestFinished,
-    SamplingSpec,
     ServiceKind,
     WorkerHeartbeat,
     WorkerState,
 )
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.request import RequestError, RequestOutput
-from alignedserve.engine.sampling import SamplingParams
 from alignedserve.kvcache.allocator import OutOfBlocks
 from alignedserve.kvcache.export import KvExport, KvFormatError
 from alignedserve.transfer import TransferEndpoint, TransferError
 from alignedserve_services.common.drain import Drain
 from alignedserve_services.common.kv_envelope import EnvelopeError, KvEnvelope
 from alignedserve_services.common.logs import get_logger
+from alignedserve_services.common.sampling import to_params
 from alignedserve_services.decode.config import DecodeSettings
 from alignedserve_services.decode.core import Candidate, DecodeCore, Publish, RunningProfile
 from alignedserve_services.decode.kv_io import HostPrefetcher, KvMover, StagedKv
@@ -54,20 +53,6 @@ DRAIN_DECODE_SHARE = 0.7  # of drain_timeout_s spent finishing running requests;
 PUBLISH_FLUSH_S = 5.0  # at exit, how long queued messages may take to reach the broker
 KV_ERRORS = (KvFormatError, EnvelopeError)  # the KV itself is unusable: lost, re-prefilled
 REFUSED_ERRORS = (RequestError, ValueError)  # the request can never run (too long, bad sampling): failed
-
-
-def sampling_params(spec: SamplingSpec) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=spec.max_tokens,
-        temperature=spec.temperature,
-        top_k=spec.top_k,
-        top_p=spec.top_p,
-        seed=spec.seed,
-        stop=spec.stop,
-        stop_token_ids=spec.stop_token_ids,
-        ignore_eos=spec.ignore_eos,
-        logprobs=spec.logprobs,
-    )
 
 
 class DecodeWorker:
@@ -282,7 +267,7 @@ class DecodeWorker:
                 result.export(),
                 list(envelope.prompt_token_ids),
                 list(envelope.output_token_ids),
-                sampling_params(candidate.state.sampling),
+                to_params(candidate.state.sampling),
             )
         except OutOfBlocks:
             log.warning("admission_without_room", request_id=rid)  # its pulled KV has nowhere to go

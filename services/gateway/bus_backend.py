@@ -48,6 +48,7 @@ from alignedserve.bus.messages import (
 from alignedserve.bus.token_stream import TokenStreams
 from alignedserve.engine.sampling import SamplingParams
 from alignedserve_services.common.logs import get_logger
+from alignedserve_services.common.sampling import to_spec
 from alignedserve_services.gateway.backend import (
     FINISH_ABORT,
     BackendError,
@@ -481,18 +482,7 @@ class BusBackend:
 
 
 def sampling_spec(params: SamplingParams) -> SamplingSpec:
-    return SamplingSpec(
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        seed=params.seed,
-        stop=tuple(params.stop),
-        stop_token_ids=tuple(params.stop_token_ids),
-        ignore_eos=params.ignore_eos,
-        logprobs=params.logprobs,
-        prompt_logprobs=params.prompt_logprobs,
-    )
+    return to_spec(params)  # field for field: the spec mirrors SamplingParams
 
 
 def token_delta(entry: TokenEntry) -> TokenDelta:

@@ -94,6 +94,10 @@ def sampling_params(
         )
     if logprobs is not None and logprobs > max_logprobs:
         raise bad_request(f"{names.logprobs} must be at most {max_logprobs}, got {logprobs}", names.logprobs)
+    if body.min_tokens > output_limit:
+        raise bad_request(
+            f"min_tokens ({body.min_tokens}) must be at most the output limit ({output_limit})", "min_tokens"
+        )
     stop_ids = tuple(body.stop_token_ids or ())
     if any(t >= tokenizer.vocab_size for t in stop_ids):
         raise bad_request(
@@ -110,6 +114,11 @@ def sampling_params(
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        min_p=body.min_p,
+        min_tokens=body.min_tokens,
     )
     try:
         return params.validate()

@@ -35,11 +35,6 @@ class StreamOptions(StrictModel):
 # Parameters we accept only at the value that means "off"; anything else is a 400 naming the field.
 _NEUTRAL_VALUES: dict[str, Any] = {
     "best_of": None,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "min_p": 0.0,
-    "min_tokens": 0,
     "logit_bias": None,
     "suffix": None,
     "tools": None,
@@ -72,11 +67,11 @@ class SamplingFields(StrictModel):
     request_id: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
     n: int = Field(1, ge=1, le=MAX_N)  # choices per prompt, each sampled on its own
     best_of: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    min_p: float = 0.0
-    min_tokens: int = 0
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)  # vLLM's; 1 = off
+    min_p: float = Field(0.0, ge=0.0, le=1.0)  # vLLM's
+    min_tokens: int = Field(0, ge=0)  # vLLM's: no eos / stop before this many tokens
     logit_bias: dict[str, float] | None = None
 
     @model_validator(mode="after")

@@ -127,6 +127,11 @@ class SamplingSpec:
     ignore_eos: bool = False  # trace replay forces output lengths
     logprobs: int | None = None  # None: none; 0: the sampled token's; n: plus the top n
     prompt_logprobs: int | None = None  # prompt scoring: each prompt token's (after the first) + top n
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1 = off
+    min_p: float = 0.0
+    min_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,7 +223,7 @@ class PrefillRequest(Message):
     """gateway -> prefill: run this prompt."""
 
     TYPE: ClassVar[str] = "prefill_request"
-    VERSION: ClassVar[int] = 2  # v2: prompt logprobs (SamplingSpec, TokenBatch)
+    VERSION: ClassVar[int] = 2  # v2: prompt logprobs and penalties (SamplingSpec, TokenBatch)
 
     request_id: str
     model: str
@@ -233,7 +238,7 @@ class TokenBatch(Message):
     """prefill/decode -> gateway: the tokens one iteration produced, for many requests at once."""
 
     TYPE: ClassVar[str] = "token_batch"
-    VERSION: ClassVar[int] = 2  # v2: prompt logprobs (SamplingSpec, TokenBatch)
+    VERSION: ClassVar[int] = 2  # v2: prompt logprobs and penalties (SamplingSpec, TokenBatch)
 
     worker_id: str
     iteration: int  # the producer's iteration counter (for logs; de-dup uses first_index)
@@ -249,7 +254,7 @@ class KvReady(Message):
     """prefill/kvpool -> batcher: a prefilled request's KV is stored and it can be batched."""
 
     TYPE: ClassVar[str] = "kv_ready"
-    VERSION: ClassVar[int] = 2  # v2: prompt logprobs (SamplingSpec, TokenBatch)
+    VERSION: ClassVar[int] = 2  # v2: prompt logprobs and penalties (SamplingSpec, TokenBatch)
 
     request_id: str
     prefix_len: int  # tokens in its KV
@@ -287,7 +292,7 @@ class BatchPlan(Message):
     """batcher -> staging prefill worker and target decode worker: prefetch these requests."""
 
     TYPE: ClassVar[str] = "batch_plan"
-    VERSION: ClassVar[int] = 2  # v2: prompt logprobs (SamplingSpec, TokenBatch)
+    VERSION: ClassVar[int] = 2  # v2: prompt logprobs and penalties (SamplingSpec, TokenBatch)
 
     batch_id: int
     decode_worker_id: str
@@ -345,7 +350,7 @@ class RequestEvicted(Message):
     """decode -> batcher / staging prefill: a running request left the batch for lack of KV room."""
 
     TYPE: ClassVar[str] = "request_evicted"
-    VERSION: ClassVar[int] = 2  # v2: prompt logprobs (SamplingSpec, TokenBatch)
+    VERSION: ClassVar[int] = 2  # v2: prompt logprobs and penalties (SamplingSpec, TokenBatch)
 
     request_id: str
     decode_worker_id: str

@@ -24,6 +24,7 @@ from alignedserve.engine.decode_kv import DecodeKv, GatheredKv, StagedKv
 from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
 from alignedserve.engine.loader import LoadedModel, load
 from alignedserve.engine.model import kv_layout, paged_model
+from alignedserve.engine.penalties import TokenHistory, adjusted_logits
 from alignedserve.engine.request import (
     KvBudgetError,
     PromptTooLongError,
@@ -34,6 +35,7 @@ from alignedserve.engine.request import (
     StopRule,
     TokenLogprob,
     TokenStopRule,
+    stop_ids,
 )
 from alignedserve.engine.runner import DecodeRow, FixedGrouping, GroupingSelector, ModelRunner, PrefillChunk
 from alignedserve.engine.sampling import Sampler, SamplingParams, make_generator
@@ -276,6 +278,10 @@ class LLMEngine:
             return StopChecker(params, self.tokenizer, self.eos_token_ids, prompt)
         return TokenStopRule(params, self.eos_token_ids)
 
+    def _history(self, request: Request) -> TokenHistory:
+        stops = stop_ids(request.params, self.eos_token_ids) if request.params.min_tokens else ()
+        return TokenHistory(request.prompt_token_ids, request.output_token_ids, tuple(stops))
+
     def _request(self, request_id: str) -> Request:
         try:
             return self._requests[request_id]
@@ -335,7 +341,11 @@ class LLMEngine:
         the final one (streams read the first, `generate` the last)."""
         if not requests:
             return []
-        sampled = self.sampler(logits, [r.params for r in requests], [r.generator for r in requests])
+        params = [r.params for r in requests]
+        adjusted = None
+        if any(p.penalized for p in params):  # the common batch builds no histories
+            adjusted = adjusted_logits(logits, params, [self._history(r) for r in requests])
+        sampled = self.sampler(logits, params, [r.generator for r in requests], adjusted)
         token_ids = sampled.token_ids.tolist()
         chosen = sampled.logprobs.tolist() if sampled.logprobs is not None else None
         outputs = []

@@ -35,6 +35,12 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # per prompt token after the first: its logprob + the top n
+    # OpenAI / vLLM penalties (`penalties.py`): neutral at these defaults.
+    presence_penalty: float = 0.0  # subtracted from tokens the output already holds
+    frequency_penalty: float = 0.0  # times how often the output holds the token
+    repetition_penalty: float = 1.0  # tokens of prompt or output: positive logits / p, negative * p
+    min_p: float = 0.0  # sampled rows: drop tokens below min_p x the top token's probability
+    min_tokens: int = 0  # no eos / stop token / stop string before this many output tokens
 
     def __post_init__(self) -> None:
         # Accept lists from callers (JSON bodies) but keep the frozen object hashable.
@@ -65,7 +71,29 @@ class SamplingParams:
             raise ValueError(f"logprobs must be None or in [0, 20], got {self.logprobs}")
         if self.prompt_logprobs is not None and not (0 <= self.prompt_logprobs <= 20):
             raise ValueError(f"prompt_logprobs must be None or in [0, 20], got {self.prompt_logprobs}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and -2.0 <= value <= 2.0):
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0):
+            raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not (0 <= self.min_tokens <= self.max_tokens):
+            raise ValueError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
         return self
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the output so far changes this request's logits (penalties, min_tokens)."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or self.min_tokens > 0
+        )
 
 
 @dataclass(frozen=True)
@@ -97,15 +125,19 @@ class Sampler:
         logits: torch.Tensor,
         params: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
+        adjusted: torch.Tensor | None = None,
     ) -> SampleOutput:
+        """adjusted: the logits after penalties (`penalties.py`), if any row has them: tokens are picked
+        from them, logprobs stay those of the raw model distribution (as vLLM reports by default)."""
         _check_inputs(logits, params, generators)
         logits = logits.float()
+        picked_from = logits if adjusted is None else adjusted.float()
         # [B]; final for greedy rows. max(dim).indices keeps argmax's rule (the first of tied maxima) and
         # takes a third of its time over a [64, 49152] float32 batch on CPU.
-        token_ids = logits.max(dim=-1).indices
+        token_ids = picked_from.max(dim=-1).indices
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
-            token_ids[random_rows] = self._sample_rows(logits, params, generators, random_rows)
+            token_ids[random_rows] = self._sample_rows(picked_from, params, generators, random_rows)
         logprobs, top = _gather_logprobs(logits, params, token_ids)
         return SampleOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top)
 
@@ -120,6 +152,7 @@ class Sampler:
         sub = [params[i] for i in rows]
         temperature = torch.tensor([p.temperature for p in sub], device=logits.device).unsqueeze(1)
         scaled = logits[rows] / temperature  # [R, V]
+        scaled = apply_min_p(scaled, torch.tensor([p.min_p for p in sub], device=logits.device))
         scaled = apply_top_k_top_p(
             scaled,
             torch.tensor([p.top_k for p in sub], device=logits.device),
@@ -128,6 +161,16 @@ class Sampler:
         probs = torch.softmax(scaled, dim=-1)  # masked entries are exactly 0
         noise = _exponential_noise(probs.shape, [generators[i] for i in rows], logits.device)
         return (probs / noise).max(dim=-1).indices  # as argmax (first of ties), faster on CPU
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """[R, V] temperature-scaled logits; min_p: [R] (0 = off) -> tokens whose probability is below
+    min_p x the most likely token's set to -inf (vLLM's min-p, applied before top-k / top-p)."""
+    if not bool((min_p > 0).any()):
+        return logits
+    probs = torch.softmax(logits, dim=-1)
+    floor = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1)  # [R, 1]
+    return logits.masked_fill(probs < floor, -math.inf)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

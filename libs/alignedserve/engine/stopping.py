@@ -80,11 +80,12 @@ class StopChecker:
         return delta
 
     def _check_token(self, token_id: int) -> str | None:
-        if token_id in self._stop_ids or token_id in self._eos_ids:
+        may_stop = self._seen >= self._params.min_tokens  # vLLM: no stop while output < min_tokens
+        if may_stop and (token_id in self._stop_ids or token_id in self._eos_ids):
             return self._finish(FINISH_STOP, token_id)
         before = len(self._text)
         self._text += self._detok.push([token_id])
-        if self._longest_stop and self._find_stop_string(before):
+        if may_stop and self._longest_stop and self._find_stop_string(before):
             return self.finish_reason
         if self._seen >= self._params.max_tokens:
             return self._finish(FINISH_LENGTH, None)

@@ -96,15 +96,28 @@ BAD_PARAMETERS: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     (
         CHAT,
-        {"model": "tiny", "messages": MESSAGES, "presence_penalty": 0.5},
+        {"model": "tiny", "messages": MESSAGES, "presence_penalty": 2.5},
         "presence_penalty",
-        "not supported",
+        "less than or equal to 2",
     ),
     (
         CHAT,
-        {"model": "tiny", "messages": MESSAGES, "frequency_penalty": 1},
+        {"model": "tiny", "messages": MESSAGES, "frequency_penalty": -3},
         "frequency_penalty",
-        "not supported",
+        "greater than or equal to -2",
+    ),
+    (
+        CHAT,
+        {"model": "tiny", "messages": MESSAGES, "repetition_penalty": 0},
+        "repetition_penalty",
+        "greater than 0",
+    ),
+    (CHAT, {"model": "tiny", "messages": MESSAGES, "min_p": 1.5}, "min_p", "less than or equal to 1"),
+    (
+        COMPLETIONS,
+        {"model": "tiny", "prompt": "hi", "max_tokens": 4, "min_tokens": 5},
+        "min_tokens",
+        "min_tokens (5) must be at most the output limit (4)",
     ),
     (CHAT, {"model": "tiny", "messages": MESSAGES, "logit_bias": {"5": 1}}, "logit_bias", "not supported"),
     (
