@@ -169,9 +169,9 @@ def test_loadgen_drives_the_stack_and_checks_every_token_count(stack: Stack, tmp
         assert len(record["chunk_times_s"]) >= 1 and record["ttft_s"] is not None
 
 
-def test_echo_scores_prompts_and_n_gives_choices_through_the_stack(stack: Stack) -> None:
+def test_echo_scoring_penalties_and_n_choices_through_the_stack(stack: Stack) -> None:
     """How evaluation harnesses score text (`echo`, `max_tokens: 0`, `logprobs`), through prefill workers
-    and the bus; the prompt logprobs equal the engine's own, offline."""
+    and the bus, and penalties through the decode workers: both equal the engine's own, offline."""
     from alignedserve.engine.config import EngineConfig
     from alignedserve.engine.engine import LLMEngine
     from alignedserve.engine.sampling import SamplingParams
@@ -192,6 +192,17 @@ def test_echo_scores_prompts_and_n_gives_choices_through_the_stack(stack: Stack)
         for got, want in zip(served[1:], offline.prompt_logprobs, strict=True):
             assert abs(got - want.logprob) < 1e-4
     assert reply.json()["usage"]["completion_tokens"] == 0
+    # penalties reach the decode workers: the served greedy text is the offline engine's
+    penalized = {"repetition_penalty": 1.5, "presence_penalty": 0.5}
+    body = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    reply = httpx.post(f"{stack.url}/v1/completions", json={**body, **penalized}, timeout=300)
+    assert reply.status_code == 200, reply.text
+    ids = engine.tokenizer("1, 2, 3,")["input_ids"]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, **penalized)
+    offline_ids = engine.generate([ids], params)[0].output_token_ids
+    assert reply.json()["choices"][0]["text"] == engine.tokenizer.decode(
+        offline_ids, skip_special_tokens=True
+    )
     sampled = chat_body(n=3, seed=1, temperature=1.0, max_tokens=8)
     reply = httpx.post(f"{stack.url}/v1/chat/completions", json=sampled, timeout=300)
     assert reply.status_code == 200, reply.text

@@ -11,6 +11,7 @@ rows that ask, before greedy or sampled picking (temperature, min-p, top-k and t
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,46 +32,45 @@ class TokenHistory:
 def adjusted_logits(
     logits: torch.Tensor, params: Sequence[SamplingParams], histories: Sequence[TokenHistory]
 ) -> torch.Tensor | None:
-    """logits: [B, V] float32 -> a copy with every penalized row adjusted, or None when no row is."""
+    """logits: [B, V] float32 -> a copy with every penalized row adjusted, or None when no row is.
+
+    Sparse: only tokens a row has seen change, so the work is one gather and one scatter over those
+    (at batch 64, a dense [64, vocab] count cost a fifth of a decode step)."""
     rows = [i for i, p in enumerate(params) if p.penalized]
     if not rows:
         return None
     out = logits.float().clone()
-    sub = out[rows]  # [R, V] (a copy; written back below)
-    device = out.device
-    _ban_early_stops(sub, [params[i] for i in rows], [histories[i] for i in rows])
-    counts = _output_counts(sub.shape, [histories[i].output_token_ids for i in rows], device)  # [R, V]
-    repetition = torch.tensor([params[i].repetition_penalty for i in rows], device=device).unsqueeze(1)
-    if bool((repetition != 1.0).any()):
-        seen = counts > 0
-        prompts = [histories[i].prompt_token_ids for i in rows]
-        seen |= _output_counts(sub.shape, prompts, device) > 0
-        penalized = torch.where(sub > 0, sub / repetition, sub * repetition)
-        sub = torch.where(seen, penalized, sub)
-    frequency = torch.tensor([params[i].frequency_penalty for i in rows], device=device).unsqueeze(1)
-    presence = torch.tensor([params[i].presence_penalty for i in rows], device=device).unsqueeze(1)
-    sub = sub - frequency * counts - presence * (counts > 0).to(sub.dtype)
-    out[rows] = sub
+    vocab = out.shape[1]
+    flat_index: list[int] = []
+    counts: list[int] = []  # times in the output (0: seen in the prompt only)
+    repetition: list[float] = []
+    frequency: list[float] = []
+    presence: list[float] = []
+    for row in rows:
+        p, history = params[row], histories[row]
+        _ban_early_stops(out, row, p, history)
+        in_output = Counter(history.output_token_ids)
+        seen = in_output.keys() | (set(history.prompt_token_ids) if p.repetition_penalty != 1.0 else set())
+        for token in seen:
+            flat_index.append(row * vocab + token)
+            counts.append(in_output.get(token, 0))
+        repetition += [p.repetition_penalty] * len(seen)
+        frequency += [p.frequency_penalty] * len(seen)
+        presence += [p.presence_penalty] * len(seen)
+    if flat_index:
+        device = out.device
+        index = torch.tensor(flat_index, device=device)
+        count = torch.tensor(counts, dtype=out.dtype, device=device)
+        rep = torch.tensor(repetition, dtype=out.dtype, device=device)
+        values = out.view(-1)[index]
+        values = torch.where(values > 0, values / rep, values * rep)  # p = 1 leaves a value as it is
+        values -= torch.tensor(frequency, device=device) * count
+        values -= torch.tensor(presence, device=device) * (count > 0).to(out.dtype)
+        out.view(-1)[index] = values
     return out
 
 
-def _output_counts(
-    shape: torch.Size, token_lists: Sequence[Sequence[int]], device: torch.device
-) -> torch.Tensor:
-    """[R, V] float32: how many times each row's list holds each token id."""
-    counts = torch.zeros(shape, device=device)
-    row_ids = [r for r, tokens in enumerate(token_lists) for _ in tokens]
-    if row_ids:
-        token_ids = [t for tokens in token_lists for t in tokens]
-        index = torch.tensor(row_ids, device=device) * shape[1] + torch.tensor(token_ids, device=device)
-        counts.view(-1).index_add_(0, index, torch.ones(len(index), device=device))
-    return counts
-
-
-def _ban_early_stops(
-    logits: torch.Tensor, params: Sequence[SamplingParams], histories: Sequence[TokenHistory]
-) -> None:
-    """In place: rows still short of min_tokens cannot pick a stop id."""
-    for row, (p, history) in enumerate(zip(params, histories, strict=True)):
-        if len(history.output_token_ids) < p.min_tokens and history.stop_token_ids:
-            logits[row, list(history.stop_token_ids)] = -torch.inf
+def _ban_early_stops(logits: torch.Tensor, row: int, params: SamplingParams, history: TokenHistory) -> None:
+    """In place: a row still short of min_tokens cannot pick a stop id."""
+    if len(history.output_token_ids) < params.min_tokens and history.stop_token_ids:
+        logits[row, list(history.stop_token_ids)] = -torch.inf
