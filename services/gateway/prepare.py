@@ -98,6 +98,11 @@ def sampling_params(
         raise bad_request(
             f"min_tokens ({body.min_tokens}) must be at most the output limit ({output_limit})", "min_tokens"
         )
+    bias = body.logit_bias_pairs()
+    if any(token >= tokenizer.vocab_size for token, _ in bias):
+        raise bad_request(
+            f"logit_bias token ids must be below the vocabulary size {tokenizer.vocab_size}", "logit_bias"
+        )
     stop_ids = tuple(body.stop_token_ids or ())
     if any(t >= tokenizer.vocab_size for t in stop_ids):
         raise bad_request(
@@ -119,6 +124,7 @@ def sampling_params(
         repetition_penalty=body.repetition_penalty,
         min_p=body.min_p,
         min_tokens=body.min_tokens,
+        logit_bias=bias,
     )
     try:
         return params.validate()

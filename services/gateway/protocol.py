@@ -35,7 +35,6 @@ class StreamOptions(StrictModel):
 # Parameters we accept only at the value that means "off"; anything else is a 400 naming the field.
 _NEUTRAL_VALUES: dict[str, Any] = {
     "best_of": None,
-    "logit_bias": None,
     "suffix": None,
     "tools": None,
 }
@@ -72,7 +71,7 @@ class SamplingFields(StrictModel):
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)  # vLLM's; 1 = off
     min_p: float = Field(0.0, ge=0.0, le=1.0)  # vLLM's
     min_tokens: int = Field(0, ge=0)  # vLLM's: no eos / stop before this many tokens
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
 
     @model_validator(mode="after")
     def _check_common(self) -> SamplingFields:
@@ -88,7 +87,20 @@ class SamplingFields(StrictModel):
             raise ParamError("stop", f"at most 16 stop strings, got {len(stops)}")
         if any(t < 0 for t in self.stop_token_ids or ()):
             raise ParamError("stop_token_ids", "stop_token_ids must be non-negative token ids")
+        self.logit_bias_pairs()  # raises on a bad key or bias
         return self
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as (token id, bias) pairs; a key that is not a token id or a bias outside
+        [-100, 100] is a ParamError."""
+        pairs = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.isdigit():
+                raise ParamError("logit_bias", f"logit_bias keys must be token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ParamError("logit_bias", f"logit_bias values must be in [-100, 100], got {bias}")
+            pairs.append((int(key), float(bias)))
+        return tuple(pairs)
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

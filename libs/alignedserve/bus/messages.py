@@ -114,6 +114,12 @@ class CandidateBuffer(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LogitBias:
+    token_id: int
+    bias: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingSpec:
     """Mirror of `alignedserve.engine.sampling.SamplingParams` (same field names and meanings)."""
 
@@ -132,6 +138,7 @@ class SamplingSpec:
     repetition_penalty: float = 1.0  # 1 = off
     min_p: float = 0.0
     min_tokens: int = 0
+    logit_bias: tuple[LogitBias, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

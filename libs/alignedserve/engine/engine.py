@@ -259,6 +259,8 @@ class LLMEngine:
         vocab = int(self.model_config.vocab_size)
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        if any(token >= vocab for token, _ in params.logit_bias):
+            raise RequestError(f"logit_bias token ids must be in [0, {vocab})")
         if len(prompt) > self.max_model_len:
             raise PromptTooLongError(
                 f"prompt has {len(prompt)} tokens but the model's context is {self.max_model_len}; "

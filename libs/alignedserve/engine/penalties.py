@@ -1,12 +1,13 @@
-"""Logit adjustments that depend on what a request has produced: OpenAI's presence and frequency
-penalties, vLLM's (and transformers') repetition penalty, and min_tokens. Applied to the raw logits of the
-rows that ask, before greedy or sampled picking (temperature, min-p, top-k and top-p come after, in
-`sampling.py`), in vLLM's order: min_tokens, repetition, then frequency and presence.
+"""Per-request logit adjustments: OpenAI's logit_bias, presence and frequency penalties, vLLM's (and
+transformers') repetition penalty, and min_tokens. Applied to the raw logits of the rows that ask, before
+greedy or sampled picking (temperature, min-p, top-k and top-p come after, in `sampling.py`), in vLLM's
+order: min_tokens, logit_bias, repetition, then frequency and presence.
 
 - repetition_penalty p: every token of the prompt or the output so far: logit / p if positive, else * p.
 - frequency_penalty f, presence_penalty r: logit -= f * (times in the output) + r * (in the output at all).
 - min_tokens m: while the output holds fewer than m tokens, its stop ids (eos unless ignored, and the
   stop_token_ids) are -inf.
+- logit_bias: each (token id, bias) pair adds the bias to that token's logit.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def adjusted_logits(
     for row in rows:
         p, history = params[row], histories[row]
         _ban_early_stops(out, row, p, history)
+        if p.logit_bias:
+            ids, biases = zip(*p.logit_bias, strict=True)
+            out[row, list(ids)] += torch.tensor(biases, dtype=out.dtype, device=out.device)
         in_output = Counter(history.output_token_ids)
         seen = in_output.keys() | (set(history.prompt_token_ids) if p.repetition_penalty != 1.0 else set())
         for token in seen:

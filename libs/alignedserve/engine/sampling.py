@@ -41,11 +41,13 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # tokens of prompt or output: positive logits / p, negative * p
     min_p: float = 0.0  # sampled rows: drop tokens below min_p x the top token's probability
     min_tokens: int = 0  # no eos / stop token / stop string before this many output tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) added to the logits
 
     def __post_init__(self) -> None:
         # Accept lists from callers (JSON bodies) but keep the frozen object hashable.
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in self.logit_bias))
 
     @property
     def greedy(self) -> bool:
@@ -79,6 +81,10 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
         if not (0.0 <= self.min_p <= 1.0):
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if any(t < 0 or not (-100.0 <= b <= 100.0) for t, b in self.logit_bias):
+            raise ValueError(
+                f"logit_bias needs token ids >= 0 and biases in [-100, 100], got {self.logit_bias}"
+            )
         if not (0 <= self.min_tokens <= self.max_tokens):
             raise ValueError(
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
@@ -87,9 +93,10 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """Whether the output so far changes this request's logits (penalties, min_tokens)."""
+        """Whether this request's logits are adjusted before picking (penalties, min_tokens, bias)."""
         return (
-            self.presence_penalty != 0.0
+            bool(self.logit_bias)
+            or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
             or self.repetition_penalty != 1.0
             or self.min_tokens > 0

@@ -74,3 +74,11 @@ def test_validation_names_the_field() -> None:
     ):
         with pytest.raises(ValueError, match=field):
             bad.validate()
+
+
+def test_logit_bias_adds_to_the_named_tokens_and_can_forbid_the_best() -> None:
+    got = adjusted(SamplingParams(logit_bias=((3, -100.0), (1, 0.5))), prompt=[], output=[])
+    assert got == pytest.approx([2.0, -0.5, 0.5, -97.0, -2.0, 1.0])
+    params = SamplingParams(temperature=0.0, logit_bias=((3, -100.0),))
+    out = adjusted_logits(LOGITS, [params], [TokenHistory([], [], ())])
+    assert Sampler()(LOGITS, [params], [None], out).token_ids.tolist() == [0]

@@ -35,3 +35,26 @@ async def test_min_tokens_outlasts_a_stop_token(
     assert stopped["usage"]["completion_tokens"] == 1
     held = (await client.post(COMPLETIONS, json={**body, "stop_token_ids": first, "min_tokens": 4})).json()
     assert held["usage"]["completion_tokens"] >= 4
+
+
+async def test_logit_bias_forces_and_forbids_tokens(
+    client: httpx.AsyncClient, reference_engine: LLMEngine
+) -> None:
+    body = {
+        "model": "tiny",
+        "prompt": PROMPT,
+        "max_tokens": 3,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 0,
+    }
+    forced = (await client.post(COMPLETIONS, json={**body, "logit_bias": {"42": 100}})).json()["choices"][0]
+    assert forced["text"] == reference_engine.tokenizer.decode([42, 42, 42])
+    assert all(lp < 0 for lp in forced["logprobs"]["token_logprobs"])  # logprobs stay the model's own
+    ids = reference_engine.tokenizer(PROMPT)["input_ids"]
+    greedy = {"max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    first, plain = _engine_text(reference_engine, ids, **greedy)
+    banned = (await client.post(COMPLETIONS, json={**body, "logit_bias": {str(first[0]): -100}})).json()
+    bias = ((first[0], -100.0),)
+    tokens, expected = _engine_text(reference_engine, ids, **greedy, logit_bias=bias)
+    assert banned["choices"][0]["text"] == expected != plain and tokens[0] != first[0]

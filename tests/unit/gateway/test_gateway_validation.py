@@ -119,7 +119,19 @@ BAD_PARAMETERS: list[tuple[str, dict[str, Any], str, str]] = [
         "min_tokens",
         "min_tokens (5) must be at most the output limit (4)",
     ),
-    (CHAT, {"model": "tiny", "messages": MESSAGES, "logit_bias": {"5": 1}}, "logit_bias", "not supported"),
+    (
+        CHAT,
+        {"model": "tiny", "messages": MESSAGES, "logit_bias": {"x": 1}},
+        "logit_bias",
+        "must be token ids",
+    ),
+    (CHAT, {"model": "tiny", "messages": MESSAGES, "logit_bias": {"5": 101}}, "logit_bias", "in [-100, 100]"),
+    (
+        CHAT,
+        {"model": "tiny", "messages": MESSAGES, "logit_bias": {"99999999": 1}},
+        "logit_bias",
+        "vocabulary size",
+    ),
     (
         CHAT,
         {"model": "tiny", "messages": MESSAGES, "tools": [{"type": "function"}]},

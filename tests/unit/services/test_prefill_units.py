@@ -7,7 +7,15 @@ from collections import deque
 
 import pytest
 
-from alignedserve.bus.messages import FinishReason, PrefillRequest, SamplingSpec, TopLogprobs
+from alignedserve.bus.messages import (
+    FinishReason,
+    LogitBias,
+    PrefillRequest,
+    SamplingSpec,
+    TopLogprobs,
+    decode,
+    encode,
+)
 from alignedserve.engine.request import RequestOutput, TokenLogprob
 from alignedserve.engine.sampling import SamplingParams
 from alignedserve_services.common.sampling import to_params, to_spec
@@ -116,6 +124,20 @@ def test_sampling_round_trips_between_wire_and_engine() -> None:
     assert isinstance(params, SamplingParams)
     assert params == SamplingParams(7, 0.3, 5, 0.9, 42, ("x",), (3,), True, 2)
     assert to_spec(params) == spec
+
+
+def test_penalties_and_logit_bias_cross_the_wire() -> None:
+    params = SamplingParams(
+        max_tokens=9, presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.3, min_p=0.1,
+        min_tokens=2, logit_bias=((5, -100.0), (7, 2.5)), prompt_logprobs=1,
+    )  # fmt: skip
+    spec = to_spec(params)
+    assert spec.logit_bias == (LogitBias(token_id=5, bias=-100.0), LogitBias(token_id=7, bias=2.5))
+    request = PrefillRequest(
+        request_id="r", model="m", prompt_token_ids=(1,), sampling=spec, arrival=0.0, gateway_id="g"
+    )
+    decoded = decode(encode(request))
+    assert isinstance(decoded, PrefillRequest) and to_params(decoded.sampling) == params
 
 
 def test_sampling_spec_and_params_have_the_same_fields() -> None:
