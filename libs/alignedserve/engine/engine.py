@@ -37,7 +37,14 @@ from alignedserve.engine.request import (
     TokenStopRule,
     stop_ids,
 )
-from alignedserve.engine.runner import DecodeRow, FixedGrouping, GroupingSelector, ModelRunner, PrefillChunk
+from alignedserve.engine.runner import (
+    DecodeRow,
+    FixedGrouping,
+    GroupingSelector,
+    ModelRunner,
+    PrefillChunk,
+    TokenScore,
+)
 from alignedserve.engine.sampling import Sampler, SamplingParams, make_generator
 from alignedserve.engine.scheduler import ScheduledChunk, Scheduler
 from alignedserve.engine.selector import ShapeSelector
@@ -314,9 +321,7 @@ class LLMEngine:
         )
 
     @staticmethod
-    def _keep_prompt_logprobs(
-        chunk: ScheduledChunk, scores: list[tuple[float, list[tuple[int, float]]]]
-    ) -> None:
+    def _keep_prompt_logprobs(chunk: ScheduledChunk, scores: list[TokenScore]) -> None:
         request = chunk.request
         if chunk.start == 0 or request.prompt_logprobs is None:  # a recompute after preemption restarts
             request.prompt_logprobs = []
@@ -345,7 +350,7 @@ class LLMEngine:
             return []
         params = [r.params for r in requests]
         adjusted = None
-        if any(p.penalized for p in params):  # the common batch builds no histories
+        if any(p.adjusts_logits for p in params):  # the common batch builds no histories
             adjusted = adjusted_logits(logits, params, [self._history(r) for r in requests])
         sampled = self.sampler(logits, params, [r.generator for r in requests], adjusted)
         token_ids = sampled.token_ids.tolist()

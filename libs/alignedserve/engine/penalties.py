@@ -37,7 +37,7 @@ def adjusted_logits(
 
     Sparse: only tokens a row has seen change, so the work is one gather and one scatter over those
     (at batch 64, a dense [64, vocab] count cost a fifth of a decode step)."""
-    rows = [i for i, p in enumerate(params) if p.penalized]
+    rows = [i for i, p in enumerate(params) if p.adjusts_logits]
     if not rows:
         return None
     out = logits.float().clone()

@@ -40,13 +40,17 @@ class PrefillChunk:
     score_top: int = 0
 
 
+# One scored prompt token: its logprob, and the top (token id, logprob) alternatives at its position.
+TokenScore = tuple[float, list[tuple[int, float]]]
+
+
 @dataclass(frozen=True)
 class PrefillOutput:
     """logits: [N, vocab] float32 of the chunks that wanted them, in chunk order; scores: per chunk,
     (logprob, top alternatives) of each score target, or None for chunks that did not score."""
 
     logits: torch.Tensor
-    scores: list[list[tuple[float, list[tuple[int, float]]]] | None]
+    scores: list[list[TokenScore] | None]
 
 
 @dataclass(frozen=True)
@@ -127,13 +131,11 @@ class ModelRunner:
         self._record("prefill", len(chunks), len(ids), contexts, "per_sequence")
         return PrefillOutput(logits, scores)
 
-    def _score(
-        self, hidden: torch.Tensor, first_row: int, chunk: PrefillChunk
-    ) -> list[tuple[float, list[tuple[int, float]]]] | None:
+    def _score(self, hidden: torch.Tensor, first_row: int, chunk: PrefillChunk) -> list[TokenScore] | None:
         """hidden: [T, hidden] of the whole prefill batch; this chunk's rows start at `first_row`."""
         if chunk.score_targets is None:
             return None
-        scored: list[tuple[float, list[tuple[int, float]]]] = []
+        scored: list[TokenScore] = []
         targets = chunk.score_targets
         for start in range(0, len(targets), self.SCORE_ROWS):
             part = targets[start : start + self.SCORE_ROWS]

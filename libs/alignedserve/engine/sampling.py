@@ -92,7 +92,7 @@ class SamplingParams:
         return self
 
     @property
-    def penalized(self) -> bool:
+    def adjusts_logits(self) -> bool:
         """Whether this request's logits are adjusted before picking (penalties, min_tokens, bias)."""
         return (
             bool(self.logit_bias)
