@@ -37,7 +37,6 @@ from alignedserve.bus.messages import (
     RequestEvicted,
     RequestFinished,
     RequestLost,
-    SamplingSpec,
     ServiceKind,
     TokenBatch,
     TokenEntry,
@@ -46,7 +45,6 @@ from alignedserve.bus.messages import (
     WorkerState,
 )
 from alignedserve.bus.token_stream import TokenStreams
-from alignedserve.engine.sampling import SamplingParams
 from alignedserve_services.common.logs import get_logger
 from alignedserve_services.common.sampling import to_spec
 from alignedserve_services.gateway.backend import (
@@ -293,7 +291,7 @@ class BusBackend:
             request_id=request.request_id,
             model=request.model,
             prompt_token_ids=request.prompt_token_ids,
-            sampling=sampling_spec(request.sampling),
+            sampling=to_spec(request.sampling),
             arrival=arrival,
             gateway_id=self.options.gateway_id,
         )
@@ -468,7 +466,7 @@ class BusBackend:
             request_id=migration.incarnation,
             model=tracked.request.model,
             prompt_token_ids=migration.prompt_token_ids,
-            sampling=sampling_spec(sampling),
+            sampling=to_spec(sampling),
             arrival=tracked.arrival,  # keeps its age in the pool
             gateway_id=self.options.gateway_id,
         )
@@ -479,10 +477,6 @@ class BusBackend:
             queue.put_nowait(TokenDelta(index=0, token_ids=(), finish_reason=FINISH_ABORT))
         self._streams.close(request_id)
         self._book.close(request_id)  # ended: nothing left to move
-
-
-def sampling_spec(params: SamplingParams) -> SamplingSpec:
-    return to_spec(params)  # field for field: the spec mirrors SamplingParams
 
 
 def token_delta(entry: TokenEntry) -> TokenDelta:

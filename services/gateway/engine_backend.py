@@ -19,6 +19,7 @@ from typing import Any
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.request import RequestError, RequestOutput
+from alignedserve.engine.request import TokenLogprob as EngineTokenLogprob
 from alignedserve_services.common.logs import get_logger
 from alignedserve_services.gateway.backend import (
     FINISH_ABORT,
@@ -215,17 +216,16 @@ def _to_delta(output: RequestOutput) -> TokenDelta:
     start = len(output.output_token_ids) - len(new)
     logprobs: tuple[TokenLogprob, ...] = ()
     if output.logprobs is not None:
-        logprobs = tuple(
-            TokenLogprob(lp.token_id, lp.logprob, tuple(lp.top))
-            for lp in output.logprobs[start : start + len(new)]
-        )
+        logprobs = tuple(_logprob(lp) for lp in output.logprobs[start : start + len(new)])
     prompt = output.prompt_logprobs
     return TokenDelta(
         index=start,
         token_ids=tuple(new),
         logprobs=logprobs,
         finish_reason=output.finish_reason,
-        prompt_logprobs=None
-        if prompt is None or start > 0
-        else tuple(TokenLogprob(lp.token_id, lp.logprob, tuple(lp.top)) for lp in prompt),
+        prompt_logprobs=None if prompt is None or start > 0 else tuple(_logprob(lp) for lp in prompt),
     )
+
+
+def _logprob(entry: EngineTokenLogprob) -> TokenLogprob:
+    return TokenLogprob(entry.token_id, entry.logprob, tuple(entry.top))

@@ -87,14 +87,9 @@ def first_tokens(worker_id: str, iteration: int, done: list[Prefilled]) -> dict[
     scores: dict[str, list[PromptScore]] = defaultdict(list)
     for item in done:
         entries[item.request.gateway_id].append(first_entry(item.output))
-        prompt = item.output.prompt_logprobs
-        if prompt is not None:
+        if item.output.prompt_logprobs is not None:
             scores[item.request.gateway_id].append(
-                PromptScore(
-                    request_id=item.output.request_id,
-                    logprobs=tuple(lp.logprob for lp in prompt),
-                    top_logprobs=tuple(top_alternatives(lp) for lp in prompt),
-                )
+                prompt_score(item.output.request_id, item.output.prompt_logprobs)
             )
     return {
         gw: TokenBatch(
@@ -113,6 +108,14 @@ def first_entry(out: RequestOutput) -> TokenEntry:
         finish_reason=FinishReason(out.finish_reason) if out.finished and out.finish_reason else None,
         logprobs=None if logprobs is None else tuple(lp.logprob for lp in logprobs),
         top_logprobs=None if logprobs is None else tuple(top_alternatives(lp) for lp in logprobs),
+    )
+
+
+def prompt_score(request_id: str, prompt: list[TokenLogprob]) -> PromptScore:
+    return PromptScore(
+        request_id=request_id,
+        logprobs=tuple(lp.logprob for lp in prompt),
+        top_logprobs=tuple(top_alternatives(lp) for lp in prompt),
     )
 
 

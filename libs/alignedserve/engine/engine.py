@@ -35,7 +35,6 @@ from alignedserve.engine.request import (
     StopRule,
     TokenLogprob,
     TokenStopRule,
-    stop_ids,
 )
 from alignedserve.engine.runner import (
     DecodeRow,
@@ -288,7 +287,8 @@ class LLMEngine:
         return TokenStopRule(params, self.eos_token_ids)
 
     def _history(self, request: Request) -> TokenHistory:
-        stops = stop_ids(request.params, self.eos_token_ids) if request.params.min_tokens else ()
+        params = request.params
+        stops = params.ending_token_ids(self.eos_token_ids) if params.min_tokens else ()
         return TokenHistory(request.prompt_token_ids, request.output_token_ids, tuple(stops))
 
     def _request(self, request_id: str) -> Request:
@@ -298,11 +298,12 @@ class LLMEngine:
             raise KeyError(f"unknown request {request_id!r}") from None
 
     def _run_prefill(self, chunks: list[ScheduledChunk]) -> list[RequestOutput]:
-        result = self.runner.prefill([self._prefill_chunk(c) for c in chunks])
+        prefill_chunks = [self._prefill_chunk(c) for c in chunks]
+        result = self.runner.prefill(prefill_chunks)
         self._note_timing()
-        for chunk, scores in zip(chunks, result.scores, strict=True):
-            if scores is not None:
-                self._keep_prompt_logprobs(chunk, scores)
+        for chunk, ran, scores in zip(chunks, prefill_chunks, result.scores, strict=True):
+            if scores is not None and ran.score_targets is not None:
+                self._keep_prompt_logprobs(chunk, ran.score_targets, scores)
         completed = [c.request for c in chunks if c.completes]
         for chunk in chunks:
             self.scheduler.finish_prefill(chunk)
@@ -321,11 +322,10 @@ class LLMEngine:
         )
 
     @staticmethod
-    def _keep_prompt_logprobs(chunk: ScheduledChunk, scores: list[TokenScore]) -> None:
+    def _keep_prompt_logprobs(chunk: ScheduledChunk, targets: list[int], scores: list[TokenScore]) -> None:
         request = chunk.request
         if chunk.start == 0 or request.prompt_logprobs is None:  # a recompute after preemption restarts
             request.prompt_logprobs = []
-        targets = request.prompt_targets(chunk.start, chunk.start + chunk.length)
         request.prompt_logprobs += [
             TokenLogprob(token, logprob, top) for token, (logprob, top) in zip(targets, scores, strict=True)
         ]

@@ -50,11 +50,6 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob] | None = None
 
 
-def stop_ids(params: SamplingParams, eos_token_ids: Sequence[int]) -> frozenset[int]:
-    """Token ids that end this request: its stop_token_ids, and eos unless ignore_eos."""
-    return frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(eos_token_ids))
-
-
 class StopRule(Protocol):
     def check(self, output_token_ids: Sequence[int]) -> str | None: ...
 
@@ -65,7 +60,7 @@ class TokenStopRule:
     def __init__(self, params: SamplingParams, eos_token_ids: Sequence[int]) -> None:
         self._max_tokens = params.max_tokens
         self._min_tokens = params.min_tokens
-        self._stop_ids = stop_ids(params, eos_token_ids)
+        self._stop_ids = params.ending_token_ids(eos_token_ids)
 
     def check(self, output_token_ids: Sequence[int]) -> str | None:
         may_stop = len(output_token_ids) >= self._min_tokens

@@ -10,7 +10,7 @@ request produces the same tokens whatever else shares its batch and wherever it 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +90,10 @@ class SamplingParams:
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
             )
         return self
+
+    def ending_token_ids(self, eos_token_ids: Iterable[int]) -> frozenset[int]:
+        """Token ids that end this request: its stop_token_ids, and eos unless ignore_eos."""
+        return frozenset(self.stop_token_ids) | (frozenset() if self.ignore_eos else frozenset(eos_token_ids))
 
     @property
     def adjusts_logits(self) -> bool:
@@ -227,16 +231,13 @@ def _gather_logprobs(
     wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
     if not wanted:
         return None, None
-    log_probs = torch.log_softmax(logits[wanted], dim=-1)  # [W, V]
-    chosen = torch.full((logits.shape[0],), math.nan, device=logits.device)
-    chosen[wanted] = log_probs.gather(1, token_ids[wanted].unsqueeze(1)).squeeze(1)
-    top: list[list[tuple[int, float]]] = [[] for _ in params]
     widest = max(params[i].logprobs or 0 for i in wanted)
-    if widest > 0:
-        values, ids = torch.topk(log_probs, widest, dim=-1)  # [W, widest]
-        for row, i in enumerate(wanted):
-            n = params[i].logprobs or 0
-            top[i] = list(zip(ids[row, :n].tolist(), values[row, :n].tolist(), strict=True))
+    scored, alternatives = score_tokens(logits[wanted], token_ids[wanted], widest)
+    chosen = torch.full((logits.shape[0],), math.nan, device=logits.device)
+    chosen[wanted] = torch.tensor(scored, device=logits.device)
+    top: list[list[tuple[int, float]]] = [[] for _ in params]
+    for row, i in enumerate(wanted):
+        top[i] = alternatives[row][: params[i].logprobs or 0]
     return chosen, top
 
 

@@ -34,8 +34,7 @@ class StopChecker:
         prompt_token_ids: Sequence[int] = (),
     ) -> None:
         self._params = params
-        self._stop_ids = frozenset(params.stop_token_ids)
-        self._eos_ids = frozenset() if params.ignore_eos else frozenset(eos_token_ids)
+        self._ending_ids = params.ending_token_ids(eos_token_ids)
         self._longest_stop = max((len(s) for s in params.stop), default=0)
         self._detok = IncrementalDetokenizer(tokenizer, prompt_token_ids)
         self._seen = 0  # output tokens already checked
@@ -81,7 +80,7 @@ class StopChecker:
 
     def _check_token(self, token_id: int) -> str | None:
         may_stop = self._seen >= self._params.min_tokens  # vLLM: no stop while output < min_tokens
-        if may_stop and (token_id in self._stop_ids or token_id in self._eos_ids):
+        if may_stop and token_id in self._ending_ids:
             return self._finish(FINISH_STOP, token_id)
         before = len(self._text)
         self._text += self._detok.push([token_id])

@@ -17,8 +17,9 @@ from alignedserve.bus.messages import (
     encode,
 )
 from alignedserve.engine.sampling import SamplingParams
+from alignedserve_services.common.sampling import to_spec
 from alignedserve_services.gateway.backend import TokenLogprob
-from alignedserve_services.gateway.bus_backend import prompt_delta, sampling_spec, token_delta
+from alignedserve_services.gateway.bus_backend import prompt_delta, token_delta
 
 
 def test_sampling_spec_mirrors_every_sampling_field() -> None:
@@ -26,7 +27,7 @@ def test_sampling_spec_mirrors_every_sampling_field() -> None:
         max_tokens=7, temperature=0.5, top_k=4, top_p=0.9, seed=3, stop=("x",), stop_token_ids=(9,),
         ignore_eos=True, logprobs=2, prompt_logprobs=1,
     )  # fmt: skip
-    spec = sampling_spec(params)
+    spec = to_spec(params)
     assert {f.name for f in dataclasses.fields(SamplingSpec)} == {
         f.name for f in dataclasses.fields(SamplingParams)
     }
