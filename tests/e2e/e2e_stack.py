@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from alignedserve_services import up
+from alignedserve.up import main as up
 
 READY_LINE = re.compile(r"AlignedServe ready: (http://\S+)/v1")
 
@@ -141,7 +141,7 @@ def start_stack(
     base = free_port_block(len(names) + 1)
     port, metrics_base = base, base + 1
     cmd = [
-        sys.executable, "-m", "alignedserve.cli", "up", "--port", str(port), "--bus", bus_url,
+        sys.executable, "-m", "alignedserve.core.cli", "up", "--port", str(port), "--bus", bus_url,
         "--prefill", str(prefill), "--decode", str(decode), "--metrics-base-port", str(metrics_base),
         "--log-dir", str(log_dir), *extra,
     ]  # fmt: skip

@@ -25,7 +25,7 @@ MAX_TOKENS = 24
 def offline_answer() -> str:
     """What the engine alone answers, greedy (`alignedserve generate --chat`)."""
     out = subprocess.run(
-        [sys.executable, "-m", "alignedserve.cli", "generate", "--chat", "--prompt", QUESTION,
+        [sys.executable, "-m", "alignedserve.core.cli", "generate", "--chat", "--prompt", QUESTION,
          "--max-tokens", str(MAX_TOKENS)],
         capture_output=True, text=True, check=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip
@@ -150,7 +150,7 @@ def test_loadgen_drives_the_stack_and_checks_every_token_count(stack: Stack, tmp
     stack: every request completes with exactly the prompt and output lengths it asked for."""
     out = tmp_path / "loadgen.json"
     run = subprocess.run(
-        [sys.executable, "-m", "alignedserve_loadgen.cli", "--endpoint", stack.url, "--model", MODEL,
+        [sys.executable, "-m", "alignedserve.loadgen.cli", "--endpoint", stack.url, "--model", MODEL,
          "--api", "chat", "--synthetic", "--short-share", "0.75", "--short-range", "16", "200",
          "--long-range", "600", "900", "--output-range", "8", "40", "--num-requests", "12",
          "--concurrency", "6", "--seed", "7", "--tokenizer", "smollm2", "--fail-on-slo",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from alignedserve.workloads import (
+from alignedserve.core.workloads import (
     RequestSpec,
     TraceFormatError,
     default_trace_path,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from alignedserve.bus.bench import main
+from alignedserve.bench.bus import main
 
 
 def test_bench_reports_latency_and_throughput(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:

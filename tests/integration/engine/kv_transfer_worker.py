@@ -10,7 +10,7 @@ from engine_models import TINY_OPT, random_model, tiny_engine
 
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
-from alignedserve.kvcache.export import KvExport, KvHeader
+from alignedserve.engine.kv_export import KvExport, KvHeader
 
 
 def decode_imported(model_name: str, conn: Connection) -> None:

@@ -24,7 +24,7 @@ def test_each_policy_runs_under_its_environment_and_reports_both_engines() -> No
         "1",
     ]
     done = subprocess.run(
-        [sys.executable, "-m", "alignedserve.cli", "bench", "shared-cpu", *argv],
+        [sys.executable, "-m", "alignedserve.core.cli", "bench", "shared-cpu", *argv],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -43,7 +43,7 @@ def test_each_policy_runs_under_its_environment_and_reports_both_engines() -> No
 
 def test_an_unknown_policy_is_refused() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "alignedserve.cli", "bench", "shared-cpu", "--policies", "busy"],
+        [sys.executable, "-m", "alignedserve.core.cli", "bench", "shared-cpu", "--policies", "busy"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2 and "--policies takes spin,short-spin,passive" in done.stderr

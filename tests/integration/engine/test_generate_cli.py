@@ -25,7 +25,7 @@ MAX_TOKENS = 8
 def _command() -> list[str]:
     """The installed `alignedserve` script next to this interpreter (the module when not installed)."""
     script = Path(sys.executable).with_name("alignedserve")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "alignedserve.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "alignedserve.core.cli"]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -13,9 +13,9 @@ from transformers import PreTrainedModel
 
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
+from alignedserve.engine.kv_export import KvFormatError, KvHeader, checksum
 from alignedserve.engine.loader import LoadedModel
 from alignedserve.engine.sampling import SamplingParams
-from alignedserve.kvcache.export import KvFormatError, KvHeader, checksum
 
 
 def transfer_and_decode(

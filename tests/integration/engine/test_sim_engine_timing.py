@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from alignedserve.sim.calibrate import read_samples
+from alignedserve.bench.calibrate import read_samples
 from alignedserve.sim.cli import main
 from alignedserve.sim.cpu_model import load_cpu_model
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from alignedserve_services.gateway.tokenizer import PromptTokenizer, load_prompt_tokenizer
+from alignedserve.gateway.tokenizer import PromptTokenizer, load_prompt_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -35,11 +35,11 @@ from alignedserve.bus.messages import (
     WorkerHeartbeat,
     WorkerState,
 )
-from alignedserve_services.common.http import HttpServer
-from alignedserve_services.gateway.app import create_app
-from alignedserve_services.gateway.bus_backend import BusBackend, BusBackendOptions
-from alignedserve_services.gateway.config import GatewaySettings
-from alignedserve_services.gateway.tokenizer import PromptTokenizer
+from alignedserve.gateway.app import create_app
+from alignedserve.gateway.bus_backend import BusBackend, BusBackendOptions
+from alignedserve.gateway.config import GatewaySettings
+from alignedserve.gateway.tokenizer import PromptTokenizer
+from alignedserve.service.http import HttpServer
 
 ANSWER = " Paris is the capital of France."
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]

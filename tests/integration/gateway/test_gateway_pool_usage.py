@@ -14,11 +14,11 @@ import pytest
 
 from alignedserve.bus import Bus, connect_bus, topics
 from alignedserve.bus.messages import ServiceKind, WorkerHeartbeat, WorkerState
-from alignedserve_services.common.http import HttpServer
-from alignedserve_services.gateway.app import create_app
-from alignedserve_services.gateway.bus_backend import BusBackend, BusBackendOptions
-from alignedserve_services.gateway.config import GatewaySettings
-from alignedserve_services.gateway.tokenizer import PromptTokenizer
+from alignedserve.gateway.app import create_app
+from alignedserve.gateway.bus_backend import BusBackend, BusBackendOptions
+from alignedserve.gateway.config import GatewaySettings
+from alignedserve.gateway.tokenizer import PromptTokenizer
+from alignedserve.service.http import HttpServer
 
 DB = 10
 GAUGE = 'alignedserve:kv_pool_usage_perc{model_name="smollm2"}'

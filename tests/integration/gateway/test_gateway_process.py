@@ -44,7 +44,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, sub
     port = _free_port()
     log_path = tmp_path_factory.mktemp("gateway") / "gateway.log"
     argv = [
-        sys.executable, "-m", "alignedserve.cli", "gateway", "--backend", "engine", "--model", "smollm2",
+        sys.executable, "-m", "alignedserve.core.cli", "gateway", "--backend", "engine", "--model", "smollm2",
         "--port", str(port), "--num-kv-blocks", "256", "--max-num-seqs", "8", "--drain-timeout-s", "120",
     ]  # fmt: skip
     with log_path.open("wb") as log:
@@ -74,7 +74,7 @@ def _cli_generate_chat(prompt: str, max_tokens: int) -> str:
     argv = [
         sys.executable,
         "-m",
-        "alignedserve.cli",
+        "alignedserve.core.cli",
         "generate",
         "--chat",
         "--prompt",

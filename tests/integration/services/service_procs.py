@@ -63,12 +63,20 @@ def service_env() -> dict[str, str]:
 
 
 class ServiceProcess:
-    """`python -m alignedserve.cli SERVICE ...` with its logs in a file; `stop()` sends SIGTERM (drain)."""
+    """`python -m alignedserve.core.cli SERVICE ...` with its logs in a file; `stop()` sends SIGTERM (drain)."""
 
     def __init__(self, service: str, args: list[str], log_path: Path, metrics_port: int) -> None:
         self.log_path = log_path
         self.url = f"http://127.0.0.1:{metrics_port}"
-        argv = [sys.executable, "-m", "alignedserve.cli", service, "--metrics-port", str(metrics_port), *args]
+        argv = [
+            sys.executable,
+            "-m",
+            "alignedserve.core.cli",
+            service,
+            "--metrics-port",
+            str(metrics_port),
+            *args,
+        ]
         with log_path.open("wb") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=log, env=service_env())
 

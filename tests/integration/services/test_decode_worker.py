@@ -41,15 +41,15 @@ from alignedserve.bus.messages import (
     TokenBatch,
     WorkerHeartbeat,
 )
+from alignedserve.decode.config import DecodeSettings
+from alignedserve.decode.main import main, serve
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
+from alignedserve.engine.kv_envelope import KvEnvelope
 from alignedserve.engine.loader import LoadedModel
 from alignedserve.engine.sampling import SamplingParams
 from alignedserve.transfer import KVRegistry, TransferEndpoint
-from alignedserve_services.common.kv_envelope import KvEnvelope
-from alignedserve_services.common.kv_store import KvStore, StoreSink
-from alignedserve_services.decode.config import DecodeSettings
-from alignedserve_services.decode.main import main, serve
+from alignedserve.transfer.kv_store import KvStore, StoreSink
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

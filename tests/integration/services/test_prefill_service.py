@@ -56,9 +56,9 @@ from alignedserve.bus.messages import (
 )
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
+from alignedserve.engine.kv_envelope import KvEnvelope
 from alignedserve.engine.sampling import SamplingParams
 from alignedserve.transfer import PeerAddress, PulledKV, TransferEndpoint
-from alignedserve_services.common.kv_envelope import KvEnvelope
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # one UCX context for the module: resets cost seconds
 DB = 13

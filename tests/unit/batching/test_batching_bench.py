@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from alignedserve.batching import bench
+from alignedserve.bench import batching as bench
 
 
 def test_bench_json_shape(capsys: pytest.CaptureFixture[str]) -> None:

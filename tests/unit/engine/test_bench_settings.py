@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from alignedserve.engine.bench import FULL, QUICK, _settings, build_parser
-from alignedserve.engine.bench_stats import full_batch_gaps, rate_from_gaps
+from alignedserve.bench.engine.cli import FULL, QUICK, _settings, build_parser
+from alignedserve.bench.stats import full_batch_gaps, rate_from_gaps
 
 
 def _parse(*argv: str):  # type: ignore[no-untyped-def]

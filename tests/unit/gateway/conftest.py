@@ -11,9 +11,9 @@ from gateway_helpers import build_hf_tokenizer, build_tiny_engine, gateway_setti
 from transformers import PreTrainedTokenizerFast
 
 from alignedserve.engine.engine import LLMEngine
-from alignedserve_services.gateway.app import create_app
-from alignedserve_services.gateway.engine_backend import EngineBackend
-from alignedserve_services.gateway.tokenizer import PromptTokenizer
+from alignedserve.gateway.app import create_app
+from alignedserve.gateway.engine_backend import EngineBackend
+from alignedserve.gateway.tokenizer import PromptTokenizer
 
 
 @pytest.fixture(scope="session")

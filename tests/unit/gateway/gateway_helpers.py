@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.loader import LoadedModel
-from alignedserve_services.gateway.config import GatewaySettings
+from alignedserve.gateway.config import GatewaySettings
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -11,9 +11,9 @@ from transformers import PreTrainedTokenizerFast
 
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.sampling import SamplingParams
-from alignedserve_services.common.drain import Drain
-from alignedserve_services.gateway.app import create_app
-from alignedserve_services.gateway.engine_backend import EngineBackend
+from alignedserve.gateway.app import create_app
+from alignedserve.gateway.engine_backend import EngineBackend
+from alignedserve.service.drain import Drain
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

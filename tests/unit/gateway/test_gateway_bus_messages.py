@@ -17,9 +17,9 @@ from alignedserve.bus.messages import (
     encode,
 )
 from alignedserve.engine.sampling import SamplingParams
-from alignedserve_services.common.sampling import to_spec
-from alignedserve_services.gateway.backend import TokenLogprob
-from alignedserve_services.gateway.bus_backend import prompt_delta, token_delta
+from alignedserve.gateway.backend import TokenLogprob
+from alignedserve.gateway.bus_backend import prompt_delta, token_delta
+from alignedserve.service.sampling import to_spec
 
 
 def test_sampling_spec_mirrors_every_sampling_field() -> None:

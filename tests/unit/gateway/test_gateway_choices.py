@@ -11,8 +11,8 @@ from gateway_helpers import gateway_settings
 from test_gateway_api import CHAT, COMPLETIONS, MESSAGES, _engine_text, _events
 
 from alignedserve.engine.engine import LLMEngine
-from alignedserve_services.gateway.app import create_app
-from alignedserve_services.gateway.engine_backend import EngineBackend
+from alignedserve.gateway.app import create_app
+from alignedserve.gateway.engine_backend import EngineBackend
 
 SAMPLED = {"temperature": 1.0, "max_tokens": 12, "ignore_eos": True}
 

@@ -15,12 +15,12 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import Field
 
-from alignedserve_services.common.config import ConfigError, ServiceSettings, WorkerSettings
-from alignedserve_services.common.drain import Drain
-from alignedserve_services.common.http import HttpServer, ops_app
-from alignedserve_services.common.logs import configure_logging, get_logger, request_context
-from alignedserve_services.gateway.config import GatewaySettings
-from alignedserve_services.gateway.main import main as gateway_main
+from alignedserve.core.config import ConfigError, ServiceSettings, WorkerSettings
+from alignedserve.gateway.config import GatewaySettings
+from alignedserve.gateway.main import main as gateway_main
+from alignedserve.service.drain import Drain
+from alignedserve.service.http import HttpServer, ops_app
+from alignedserve.service.logs import configure_logging, get_logger, request_context
 
 
 class DemoSettings(ServiceSettings):

@@ -18,10 +18,10 @@ from alignedserve.bus.messages import (
 )
 from alignedserve.bus.token_stream import TokenStream
 from alignedserve.engine.sampling import SamplingParams
-from alignedserve_services.gateway.backend import BackendStats, GenerationRequest
-from alignedserve_services.gateway.bus_backend import _Cluster
-from alignedserve_services.gateway.metrics import GatewayMetrics
-from alignedserve_services.gateway.migration import (
+from alignedserve.gateway.backend import BackendStats, GenerationRequest
+from alignedserve.gateway.bus_backend import _Cluster
+from alignedserve.gateway.metrics import GatewayMetrics
+from alignedserve.gateway.migration import (
     KV_LOST,
     WORKER_DIED,
     GiveUp,

@@ -16,9 +16,9 @@ from gateway_helpers import build_tiny_engine, gateway_settings
 from transformers import PreTrainedTokenizerFast
 
 from alignedserve.engine.engine import LLMEngine
-from alignedserve_services.common.http import HttpServer
-from alignedserve_services.gateway.app import create_app
-from alignedserve_services.gateway.engine_backend import EngineBackend
+from alignedserve.gateway.app import create_app
+from alignedserve.gateway.engine_backend import EngineBackend
+from alignedserve.service.http import HttpServer
 
 COMPLETIONS = "/v1/completions"
 LONG = {"model": "tiny", "prompt": "hello", "max_tokens": 4000, "temperature": 0, "ignore_eos": True}

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from alignedserve.engine.sampling import SamplingParams
-from alignedserve_services.gateway.backend import (
+from alignedserve.gateway.backend import (
     BackendError,
     GenerationRequest,
     TokenDelta,
     TokenLogprob,
 )
-from alignedserve_services.gateway.textstream import OutputAssembler, OutputChunk
-from alignedserve_services.gateway.tokenizer import PromptTokenizer
+from alignedserve.gateway.textstream import OutputAssembler, OutputChunk
+from alignedserve.gateway.tokenizer import PromptTokenizer
 
 
 def _request(tokenizer: PromptTokenizer, **sampling: object) -> GenerationRequest:

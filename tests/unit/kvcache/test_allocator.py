@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from alignedserve.kvcache.allocator import BlockAllocator, OutOfBlocks, blocks_for
+from alignedserve.core.blocks import BlockAllocator, OutOfBlocks, blocks_for
 
 
 def test_blocks_for_rounds_up() -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
-from alignedserve.kvcache.export import KvExport, KvFormatError, KvHeader, export_kv, import_kv
+from alignedserve.engine.kv_export import KvExport, KvFormatError, KvHeader, export_kv, import_kv
 
 LAYOUT = KvLayout(num_layers=3, num_kv_heads=2, head_dim=8, block_size=4, dtype=torch.bfloat16)
 

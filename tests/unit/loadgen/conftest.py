@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 from loadgen_wire_server import build_app
 
-from alignedserve_loadgen.tokenizer import load_tokenizer
+from alignedserve.loadgen.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="session")

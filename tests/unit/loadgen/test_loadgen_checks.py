@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from alignedserve_loadgen.checks import INPUT_LEN_MISMATCH, LengthCheck, warning_counts
-from alignedserve_loadgen.records import LENGTH_MISMATCH, RequestRecord
+from alignedserve.loadgen.checks import INPUT_LEN_MISMATCH, LengthCheck, warning_counts
+from alignedserve.loadgen.records import LENGTH_MISMATCH, RequestRecord
 
 
 def rec(expected: int, got: int, server_prompt: int | None = None) -> RequestRecord:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from alignedserve_loadgen.cli import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, main
-from alignedserve_loadgen.slo import EXIT_SLO_MISSED
+from alignedserve.loadgen.cli import EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, main
+from alignedserve.loadgen.slo import EXIT_SLO_MISSED
 
 
 def base_args(url: str) -> list[str]:

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from alignedserve_loadgen import bench_doc
-from alignedserve_loadgen.bench_runs import RunRow, RunScale, select_workloads, standard_workloads
-from alignedserve_loadgen.experiment import MODES, RunSet, mode_ratios, render_section, results_table
-from alignedserve_loadgen.peers import ALIGNEDSERVE, peers_table, versus_alignedserve
-from alignedserve_loadgen.scrape import counter_delta, decode_stats, parse_samples
-from alignedserve_loadgen.workload import build_specs
+from alignedserve.bench.e2e import doc as bench_doc
+from alignedserve.bench.e2e.experiment import MODES, RunSet, mode_ratios, render_section, results_table
+from alignedserve.bench.e2e.peers import ALIGNEDSERVE, peers_table, versus_alignedserve
+from alignedserve.bench.e2e.runs import RunRow, RunScale, select_workloads, standard_workloads
+from alignedserve.loadgen.scrape import counter_delta, decode_stats, parse_samples
+from alignedserve.loadgen.workload import build_specs
 
 # ---- sections ----
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from alignedserve_loadgen import peer_servers
-from alignedserve_loadgen.peer_servers import (
+from alignedserve.bench.e2e import peer_servers
+from alignedserve.bench.e2e.peer_servers import (
     InstallError,
     InstallLog,
     LlamaCppPeer,
@@ -19,7 +19,7 @@ from alignedserve_loadgen.peer_servers import (
     llama_cpp_cmake_args,
     write_dist_info,
 )
-from alignedserve_loadgen.peers import make_peers
+from alignedserve.bench.e2e.peers import make_peers
 
 
 def test_dist_info_makes_the_distribution_name_resolvable(tmp_path: Path) -> None:

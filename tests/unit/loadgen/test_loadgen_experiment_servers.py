@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from alignedserve_loadgen.bench_runs import RunScale, Target, row_from, run_workload, select_workloads
-from alignedserve_loadgen.experiment import MODES, RunSet, StackLaunch
-from alignedserve_loadgen.peers import ALIGNEDSERVE
-from alignedserve_loadgen.servers import ServerProcess, ServerStartError, answers_models, free_port
+from alignedserve.bench.e2e.experiment import MODES, RunSet, StackLaunch
+from alignedserve.bench.e2e.peers import ALIGNEDSERVE
+from alignedserve.bench.e2e.runs import RunScale, Target, row_from, run_workload, select_workloads
+from alignedserve.bench.e2e.servers import ServerProcess, ServerStartError, answers_models, free_port
 
 # A server that spawns a long-lived child (as `alignedserve up` and vLLM do), says it is ready after a
 # delay, and answers GET /v1/models.
@@ -96,7 +96,7 @@ def test_stack_launch_commands_per_mode(tmp_path: Path) -> None:
     launch = StackLaunch(tmp_path, bus="kafka://127.0.0.1:9092", prefill=1, decode=2, metrics_base_port=9200)
     server = launch.server(MODES["aligned-noprefetch"], 8123)
     argv = list(server.argv)
-    assert argv[1:4] == ["-m", "alignedserve.cli", "up"]
+    assert argv[1:4] == ["-m", "alignedserve.core.cli", "up"]
     assert argv[argv.index("--policy") + 1] == "aligned" and argv[argv.index("--prefetch") + 1] == "off"
     assert (
         argv[argv.index("--bus") + 1] == "kafka://127.0.0.1:9092"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from alignedserve_loadgen.metrics import (
+from alignedserve.loadgen.metrics import (
     Distribution,
     benchmark_duration_s,
     itl_s,
@@ -12,7 +12,7 @@ from alignedserve_loadgen.metrics import (
     summarize,
     tpot_s,
 )
-from alignedserve_loadgen.records import TIMEOUT, RequestRecord
+from alignedserve.loadgen.records import TIMEOUT, RequestRecord
 
 
 def done(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from alignedserve_loadgen.prompts import ChatFormat, CompletionsFormat, PromptBuilder, PromptLengthError
+from alignedserve.loadgen.prompts import ChatFormat, CompletionsFormat, PromptBuilder, PromptLengthError
 
 LENGTHS = [1, 2, 3, 17, 31, 32, 33, 100, 999, 1000, 2500, 8000]
 
@@ -56,7 +56,7 @@ def test_gguf_tokenizer_is_cached_as_a_plain_directory(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from alignedserve_loadgen.tokenizer import _load_gguf, packaged_gguf
+    from alignedserve.loadgen.tokenizer import _load_gguf, packaged_gguf
 
     monkeypatch.setenv("ALIGNEDSERVE_CACHE_DIR", str(tmp_path))
     gguf = packaged_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from alignedserve_loadgen.metrics import summarize
-from alignedserve_loadgen.records import CONNECTION, RequestRecord
-from alignedserve_loadgen.slo import GateMiss, GateTargets, RequestSlo, evaluate_gate
+from alignedserve.loadgen.metrics import summarize
+from alignedserve.loadgen.records import CONNECTION, RequestRecord
+from alignedserve.loadgen.slo import GateMiss, GateTargets, RequestSlo, evaluate_gate
 
 
 def record(ttft: float, e2el: float, tokens: int, error: str | None = None) -> RequestRecord:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from alignedserve_loadgen.sse import SseParser
+from alignedserve.loadgen.sse import SseParser
 
 
 def feed_all(lines: list[str]) -> list[str]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from alignedserve.workloads import RequestSpec
-from alignedserve_loadgen.workload import (
+from alignedserve.core.workloads import RequestSpec
+from alignedserve.loadgen.workload import (
     ClosedLoop,
     PoissonArrivals,
     TraceTimestamps,

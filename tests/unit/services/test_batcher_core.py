@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from alignedserve.batcher.core import BatcherCore, BatcherRules
 from alignedserve.batching.policies import make_policy
 from alignedserve.bus.messages import (
     CandidateBuffer,
@@ -13,7 +14,6 @@ from alignedserve.bus.messages import (
     SamplingSpec,
     ServiceKind,
 )
-from alignedserve_services.batcher.core import BatcherCore, BatcherRules
 
 POOL = KvLocation(worker_id="kvpool-0", kind=ServiceKind.KVPOOL, ucx_address_key="kvpool-0")
 STATE = RequestState(

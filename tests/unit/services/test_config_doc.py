@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from alignedserve_services.common.config_doc import render
+from alignedserve.core.config_doc import render
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
 
 
 def test_configuration_doc_is_current() -> None:
     assert DOC.read_text() == render(), (
-        "docs/configuration.md is stale: run `python -m alignedserve_services.common.config_doc > docs/configuration.md`"
+        "docs/configuration.md is stale: run `python -m alignedserve.core.config_doc > docs/configuration.md`"
     )
 
 

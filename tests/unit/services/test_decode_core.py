@@ -22,7 +22,7 @@ from alignedserve.bus.messages import (
     ServiceKind,
     TokenBatch,
 )
-from alignedserve_services.decode.core import DecodeCore, running_profile
+from alignedserve.decode.core import DecodeCore, running_profile
 
 POOL = KvLocation(worker_id="kvpool-0", kind=ServiceKind.KVPOOL, ucx_address_key="127.0.0.1:4000")
 STAGE = KvLocation(worker_id="prefill-0", kind=ServiceKind.PREFILL, ucx_address_key="127.0.0.1:4001")

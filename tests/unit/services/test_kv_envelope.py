@@ -6,8 +6,8 @@ import msgpack
 import pytest
 import torch
 
-from alignedserve.kvcache.export import KvFormatError, KvHeader
-from alignedserve_services.common.kv_envelope import EnvelopeError, KvEnvelope
+from alignedserve.engine.kv_envelope import EnvelopeError, KvEnvelope
+from alignedserve.engine.kv_export import KvFormatError, KvHeader
 
 HEADER = KvHeader(
     model_id="tiny", dtype="float32", num_layers=2, num_kv_heads=2, head_dim=4, num_tokens=3,

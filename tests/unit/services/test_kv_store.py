@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from alignedserve.transfer import KVRegistry, PushRejected
-from alignedserve_services.common.kv_store import KvStore, PoolFull, StoreSink, UnknownEntry
+from alignedserve.transfer.kv_store import KvStore, PoolFull, StoreSink, UnknownEntry
 
 
 def test_reserve_counts_bytes_and_commit_makes_the_entry_readable() -> None:

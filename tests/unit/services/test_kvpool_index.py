@@ -3,6 +3,7 @@ to a batcher that already knows the request (pure; the real aligned policy under
 
 from __future__ import annotations
 
+from alignedserve.batcher.core import BatcherCore, BatcherRules
 from alignedserve.batching.policies import make_policy
 from alignedserve.bus.messages import (
     BatchPlan,
@@ -18,8 +19,7 @@ from alignedserve.bus.messages import (
     WorkerHeartbeat,
     WorkerState,
 )
-from alignedserve_services.batcher.core import BatcherCore, BatcherRules
-from alignedserve_services.kvpool.index import PoolIndex
+from alignedserve.kvpool.index import PoolIndex
 
 POOL = KvLocation(worker_id="kvpool-0", kind=ServiceKind.KVPOOL, ucx_address_key="pool-address")
 ELSEWHERE = KvLocation(worker_id="prefill-0", kind=ServiceKind.PREFILL, ucx_address_key="prefill-address")

@@ -18,8 +18,8 @@ from alignedserve.bus.messages import (
 )
 from alignedserve.engine.request import RequestOutput, TokenLogprob
 from alignedserve.engine.sampling import SamplingParams
-from alignedserve_services.common.sampling import to_params, to_spec
-from alignedserve_services.prefill.worker import Prefilled, first_tokens, request_state, take_batch
+from alignedserve.prefill.worker import Prefilled, first_tokens, request_state, take_batch
+from alignedserve.service.sampling import to_params, to_spec
 
 
 def prompt(rid: str, length: int, gateway: str = "gw-a") -> PrefillRequest:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from alignedserve_services.bench import (
+from alignedserve.bench.stack import (
     Mark,
     RoundResult,
     bench_bus_url,

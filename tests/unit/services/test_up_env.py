@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from alignedserve_services import up
+from alignedserve.up import main as up
 
 
 def config(device: str = "cpu") -> up.UpConfig:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from alignedserve.sim.cli import main
+from alignedserve.core.cli import main as alignedserve
 from alignedserve.sim.cost import Link
 from alignedserve.sim.cpu_model import CALIBRATION_PATH, load_cpu_model
 
@@ -29,7 +29,7 @@ def test_fit_from_engine_samples_writes_a_usable_model(
     samples, out = tmp_path / "iterations.jsonl", tmp_path / "cpu.json"
     _samples(samples)
     args = ["calibrate", "--samples", str(samples), "--kv-bytes-per-token", "46080", "--out", str(out)]
-    assert main(args) == 0
+    assert alignedserve(["sim", *args]) == 0
     capsys.readouterr()
     model = load_cpu_model(out)
     assert model.decode_iteration_s([100, 300]) == pytest.approx(0.02 + 0.006 + 4e-3, rel=1e-6)
@@ -42,7 +42,7 @@ def test_bad_samples_are_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFix
     samples = tmp_path / "bad.jsonl"
     samples.write_text('{"kind": "decode", "seconds": 1}\n', encoding="utf-8")
     args = ["calibrate", "--samples", str(samples), "--kv-bytes-per-token", "8", "--out", str(tmp_path / "x")]
-    assert main(args) == 2
+    assert alignedserve(["sim", *args]) == 2
     assert "bad.jsonl:1" in capsys.readouterr().err
 
 

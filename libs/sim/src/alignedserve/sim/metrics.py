@@ -1,0 +1,133 @@
+"""What a simulation run measures, and the JSON summary it prints.
+
+Definitions (docs/simulator.md):
+- TTFT: arrival -> first token, which the prefill worker produces (DESIGN.md §2).
+- first decode: arrival -> first token of a decode iteration: TTFT plus the wait in the KV pool and the
+  candidate buffers. This is where prefix-aware batching pays (the paper's "TTFT cost").
+- TPOT: per request, (last token - first decode token) / (decode tokens - 1), for requests with at
+  least two decode tokens; it includes evictions and transfer stalls, not the pool wait before decode.
+- decode throughput: decode tokens / (last decode token - first decode iteration start), whole cluster.
+- wait: KV in the pool -> first admission into a running batch (max_wait_ms is the starvation bound).
+- steady throughput: decode tokens / (last arrival - first decode iteration start): the rate while
+  the load is on, without the drain after the last arrival (0 when every request arrives at once).
+- as the load generator measures (alignedserve.loadgen.metrics), from the client's side:
+  output throughput = output tokens (the first one included) / (last completion - first arrival);
+  client TPOT = (completion - first token) / (output tokens - 1): the pool wait before decode included.
+- mixed iteration: a decode iteration whose batch holds requests of two or more origin batches.
+- prefix spread: longest minus shortest prefix in an iteration's batch, averaged over iterations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from alignedserve.sim.records import SimRequest
+
+if TYPE_CHECKING:
+    from alignedserve.sim.decode import DecodeWorker
+
+
+def _ms(values: Sequence[float], q: float | None) -> float:
+    """Mean (q None) or q-th percentile of seconds, in milliseconds (0 when empty)."""
+    if not values:
+        return 0.0
+    arr = np.asarray(values)
+    return float((arr.mean() if q is None else np.percentile(arr, q)) * 1e3)
+
+
+class Metrics:
+    def __init__(self, requests: int) -> None:
+        self.requests = requests
+        self.completed = 0
+        self.completed_ids: list[int] = []
+        self.output_tokens: list[int] = []
+        self.ttft: list[float] = []
+        self.first_decode: list[float] = []
+        self.tpot: list[float] = []
+        self.client_tpot: list[float] = []
+        self.first_arrival = float("inf")
+        self.last_completion = 0.0
+        self.waits: list[float] = []
+        self.sched_s: list[float] = []
+        self.form_s: list[float] = []
+        self.pool_blocks = 0
+        self.peak_pool_blocks = 0
+        self.first_decode_start = float("inf")
+        self.last_token = 0.0
+        self.summary: dict[str, float | int] = {}
+
+    # --- during the run --------------------------------------------------------------------------------
+
+    def pool_change(self, blocks: int) -> None:
+        self.pool_blocks += blocks
+        self.peak_pool_blocks = max(self.peak_pool_blocks, self.pool_blocks)
+
+    def admitted(self, r: SimRequest, now: float) -> None:
+        self.waits.append(now - r.pool_at)
+        self.first_decode_start = min(self.first_decode_start, now)
+
+    def complete(self, r: SimRequest) -> None:
+        self.completed += 1
+        self.completed_ids.append(r.index)
+        self.output_tokens.append(1 + r.decode_tokens)
+        self.ttft.append(r.first_token_at - r.arrival)
+        done = r.last_token_at if r.decode_tokens else r.first_token_at
+        self.first_arrival = min(self.first_arrival, r.arrival)
+        self.last_completion = max(self.last_completion, done)
+        if r.decode_tokens:
+            self.client_tpot.append((done - r.first_token_at) / r.decode_tokens)
+            self.first_decode.append(r.first_decode_at - r.arrival)
+            self.last_token = max(self.last_token, r.last_token_at)
+        if r.decode_tokens >= 2:
+            self.tpot.append((r.last_token_at - r.first_decode_at) / (r.decode_tokens - 1))
+
+    # --- at the end ------------------------------------------------------------------------------------
+
+    def finish(self, decoders: Sequence[DecodeWorker], wall_s: float) -> None:
+        decode_tokens = sum(d.decode_tokens for d in decoders)
+        iterations = sum(d.iterations for d in decoders)
+        span = self.last_token - self.first_decode_start if decode_tokens else 0.0
+        window_end = min(d.window_end for d in decoders) if decoders else 0.0
+        window = window_end - self.first_decode_start if decode_tokens else 0.0
+        window_tokens = sum(d.window_tokens for d in decoders)
+        duration = self.last_completion - self.first_arrival if self.completed else 0.0
+        self.summary = {
+            "requests": self.requests,
+            "completed": self.completed,
+            "decode_tokens": decode_tokens,
+            "decode_throughput_tok_s": decode_tokens / span if span > 0 else 0.0,
+            "decode_span_s": span,
+            # while requests still arrive (the load is on), without the drain at the end
+            "steady_throughput_tok_s": window_tokens / window if window > 0 and window < span else 0.0,
+            "mean_ttft_ms": _ms(self.ttft, None),
+            "p99_ttft_ms": _ms(self.ttft, 99),
+            "mean_first_decode_ms": _ms(self.first_decode, None),
+            "p99_first_decode_ms": _ms(self.first_decode, 99),
+            "mean_tpot_ms": _ms(self.tpot, None),
+            "p99_tpot_ms": _ms(self.tpot, 99),
+            "output_throughput_tok_s": sum(self.output_tokens) / duration if duration > 0 else 0.0,
+            "duration_s": duration,
+            "mean_client_tpot_ms": _ms(self.client_tpot, None),
+            "p99_client_tpot_ms": _ms(self.client_tpot, 99),
+            "mean_wait_ms": _ms(self.waits, None),
+            "max_wait_ms": max(self.waits, default=0.0) * 1e3,
+            "iterations": iterations,
+            "mean_batch": decode_tokens / iterations if iterations else 0.0,
+            "mixed_iteration_fraction": sum(d.mixed_iterations for d in decoders) / iterations
+            if iterations
+            else 0.0,
+            "mean_prefix_spread": sum(d.spread_iterations for d in decoders) / iterations
+            if iterations
+            else 0.0,
+            "evictions": sum(d.evictions for d in decoders),
+            "sched_calls": len(self.sched_s),
+            "sched_p50_ms": _ms(self.sched_s, 50),
+            "sched_p99_ms": _ms(self.sched_s, 99),
+            "form_calls": len(self.form_s),
+            "form_p99_ms": _ms(self.form_s, 99),
+            "peak_pool_blocks": self.peak_pool_blocks,
+            "sim_wall_s": wall_s,
+        }

@@ -1,0 +1,160 @@
+"""The decode worker's data plane: pull a request's KV into host memory, push an evicted one out, and
+pre-pull staged candidates in the background so that admitting them is a local import.
+
+Pulled payloads land in a plain host buffer (numpy uint8 [nbytes], no zero fill) that the engine's
+import wraps without a copy. On a GPU worker the same pre-pull is what keeps the decode loop from
+waiting on the network: admission then only copies host -> device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from alignedserve.bus.messages import KvLocation
+from alignedserve.decode.core import Candidate
+from alignedserve.engine.kv_envelope import KvEnvelope
+from alignedserve.engine.kv_export import KvExport
+from alignedserve.transfer import PeerAddress, TransferEndpoint
+
+
+@dataclass(frozen=True)
+class StagedKv:
+    """A request's KV in this process: envelope (KV header + token ids) and payload bytes."""
+
+    envelope: KvEnvelope
+    payload: np.ndarray[Any, np.dtype[np.uint8]]  # [nbytes]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.payload.nbytes)
+
+    def export(self) -> KvExport:
+        kv: KvExport = self.envelope.export(self.payload.data)  # no copy: the array's own memory
+        return kv
+
+
+def _host_buffer(_header: bytes, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+class KvMover:
+    """Pull and push over this worker's transfer endpoint; a KvLocation names the peer."""
+
+    def __init__(self, endpoint: TransferEndpoint) -> None:
+        self.endpoint = endpoint
+
+    async def pull(self, location: KvLocation, request_id: str) -> StagedKv:
+        """Raises TransferError (KeyNotFound, TransferFailed, ...) or EnvelopeError."""
+        peer = PeerAddress.from_wire(location.ucx_address_key)
+        pulled = await self.endpoint.pull(peer, location.handle or request_id, _host_buffer)
+        return StagedKv(KvEnvelope.from_bytes(pulled.header), pulled.buffer)
+
+    async def push(self, location: KvLocation, request_id: str, envelope: KvEnvelope, kv: KvExport) -> None:
+        """Raises PushRejected (no room there) or TransferFailed."""
+        peer = PeerAddress.from_wire(location.ucx_address_key)
+        await self.endpoint.push(
+            peer, request_id, envelope.to_bytes(), kv.payload, checksum=kv.header.checksum
+        )
+
+
+class HostPrefetcher:
+    """Pre-pulls ready candidates' KV (admission order) into host memory, within a byte budget.
+
+    The budget is checked against an estimate (prefix tokens x KV bytes per token) before a pull starts,
+    then charged the real size. `take` hands a request's KV over: staged (no wait), in flight (wait for
+    it) or, when neither, pulled now — the decode loop's admission stall.
+    """
+
+    def __init__(
+        self, mover: KvMover, budget_bytes: int, bytes_per_token: int, on_pulled: Callable[[int, bool], None]
+    ) -> None:
+        self.mover = mover
+        self.budget_bytes = budget_bytes
+        self.bytes_per_token = bytes_per_token
+        self.on_pulled = on_pulled  # (nbytes, ahead_of_admission)
+        self._staged: dict[str, StagedKv] = {}
+        self._pulling: dict[str, asyncio.Task[StagedKv]] = {}
+        self._reserved: dict[str, int] = {}  # request id -> bytes charged to the budget
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(self._reserved.values())
+
+    def fill(self, candidates: list[Candidate]) -> None:
+        """Start pulls for ready candidates of staged plans, in order, while the budget lasts."""
+        if self.budget_bytes == 0:
+            return
+        for candidate in candidates:
+            rid = candidate.request_id
+            if not candidate.ready or not candidate.staging_worker_id or rid in self._reserved:
+                continue
+            estimate = candidate.prefix_len * self.bytes_per_token
+            if self.used_bytes + estimate > self.budget_bytes:
+                return  # keep admission order: do not skip ahead to a smaller one
+            self._reserved[rid] = estimate
+            task = asyncio.create_task(self._pull(candidate), name=f"prefetch-{rid}")
+            task.add_done_callback(_retrieve)  # a failure surfaces in take(); never "never retrieved"
+            self._pulling[rid] = task
+
+    async def take(self, candidate: Candidate) -> StagedKv:
+        rid = candidate.request_id
+        staged = self._staged.pop(rid, None)
+        if staged is not None:
+            self._reserved.pop(rid, None)
+            return staged
+        task = self._pulling.get(rid)
+        if task is not None:
+            try:
+                return await asyncio.shield(task)
+            finally:
+                self._pulling.pop(rid, None)
+                self._staged.pop(rid, None)
+                self._reserved.pop(rid, None)
+        assert candidate.location is not None, "take() needs a ready candidate"
+        staged = await self.mover.pull(candidate.location, rid)
+        self.on_pulled(staged.nbytes, False)
+        return staged
+
+    def holds(self, request_id: str) -> bool:
+        return request_id in self._reserved
+
+    def discard(self, request_id: str) -> None:
+        """Forget a request's staged KV (cancelled, finished elsewhere); an in-flight pull is cancelled."""
+        self._staged.pop(request_id, None)
+        self._reserved.pop(request_id, None)
+        task = self._pulling.pop(request_id, None)
+        if task is not None:
+            task.cancel()
+
+    async def close(self) -> None:
+        tasks = list(self._pulling.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        self._pulling.clear()
+        self._staged.clear()
+        self._reserved.clear()
+
+    async def _pull(self, candidate: Candidate) -> StagedKv:
+        assert candidate.location is not None
+        rid = candidate.request_id
+        staged = await self.mover.pull(candidate.location, rid)
+        if self._pulling.get(rid) is not None:  # still wanted
+            self._staged[rid] = staged
+            self._reserved[rid] = staged.nbytes
+            self._pulling.pop(rid, None)
+        self.on_pulled(staged.nbytes, True)
+        return staged
+
+
+def _retrieve(task: asyncio.Task[StagedKv]) -> None:
+    if not task.cancelled():
+        task.exception()

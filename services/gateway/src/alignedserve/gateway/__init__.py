@@ -1,0 +1,1 @@
+"""The OpenAI-compatible gateway: HTTP and SSE in, control messages out."""

@@ -1,0 +1,99 @@
+"""`alignedserve gateway`: the OpenAI-compatible HTTP API in front of the stack (or an in-process engine).
+
+Start: config -> logging -> backend (and tokenizer) -> HTTP server. /health answers from the moment the
+server listens; /ready only once the backend is ready. SIGTERM: /ready turns 503 and new requests get
+503, in-flight requests finish (at most --drain-timeout-s), then the server and the backend stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from alignedserve.core.config import ConfigError
+from alignedserve.engine.loader import ModelLoadError
+from alignedserve.gateway.app import create_app
+from alignedserve.gateway.backend import GenerationBackend
+from alignedserve.gateway.config import GatewaySettings
+from alignedserve.gateway.tokenizer import PromptTokenizer, load_prompt_tokenizer
+from alignedserve.service.drain import Drain
+from alignedserve.service.http import HttpServer
+from alignedserve.service.logs import configure_logging, get_logger
+
+log = get_logger("alignedserve.gateway")
+
+
+def parse_settings(argv: list[str]) -> GatewaySettings:
+    return GatewaySettings.from_argv(argv, prog="alignedserve gateway", description=__doc__)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        settings = parse_settings(argv)
+    except ConfigError as exc:
+        print(f"alignedserve gateway: {exc}", file=sys.stderr)
+        return 2
+    configure_logging("gateway", settings.log_level, settings.log_format)
+    try:
+        return asyncio.run(serve(settings))
+    except (ConfigError, ModelLoadError) as exc:
+        print(f"alignedserve gateway: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+async def serve(settings: GatewaySettings) -> int:
+    drain = Drain(settings.drain_timeout_s)
+    drain.install_signal_handlers()
+    backend, tokenizer = await build_backend(settings)
+    app = create_app(settings, backend, tokenizer, drain)
+    server = HttpServer(app, settings.host, settings.port, log_level=settings.log_level)
+    await server.start()
+    log.info("gateway_listening", url=f"{server.url}/v1", backend=settings.backend, model=settings.model_name)
+    try:
+        await drain.wait_begun()
+        await drain.wait_idle()
+    finally:
+        await server.stop()
+        await backend.close()
+    log.info("gateway_stopped")
+    return 0
+
+
+async def build_backend(settings: GatewaySettings) -> tuple[GenerationBackend, PromptTokenizer]:
+    """Start the configured backend; return it with the tokenizer the gateway validates prompts with."""
+    if settings.backend == "engine":
+        return await _engine_backend(settings)
+    return await _bus_backend(settings)
+
+
+async def _engine_backend(settings: GatewaySettings) -> tuple[GenerationBackend, PromptTokenizer]:
+    from alignedserve.engine.config import EngineConfig
+    from alignedserve.gateway.engine_backend import EngineBackend
+
+    try:
+        config = EngineConfig(
+            model=settings.model,
+            device=settings.device,
+            dtype=settings.dtype,
+            num_blocks=settings.num_kv_blocks,
+            max_num_seqs=settings.max_num_seqs,
+            max_model_len=settings.max_model_len,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"invalid engine configuration: {exc}") from None
+    backend = EngineBackend(config)
+    await backend.start()
+    return backend, backend.prompt_tokenizer()
+
+
+async def _bus_backend(settings: GatewaySettings) -> tuple[GenerationBackend, PromptTokenizer]:
+    from alignedserve.gateway.bus_backend import BusBackend, BusBackendOptions
+
+    tokenizer = await asyncio.to_thread(
+        load_prompt_tokenizer, settings.model, settings.tokenizer, settings.max_model_len
+    )
+    backend = BusBackend.from_url(settings.bus, BusBackendOptions.from_settings(settings))
+    await backend.start()
+    return backend, tokenizer

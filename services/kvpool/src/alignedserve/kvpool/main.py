@@ -1,0 +1,121 @@
+"""`alignedserve kvpool`: host-memory KV blocks behind a UCX endpoint, with a byte budget.
+
+Prefill workers (and draining decode workers) push a request's KV here; staging prefill workers or decode
+workers pull it. A push beyond the budget is refused (the sender backs off: backpressure, never OOM); an
+entry is released once pulled and verified, or when the request is cancelled or finished.
+
+The pool also keeps the announcements that made its entries batchable (`PoolIndex`, read from the batcher
+topic in a group of its own) and publishes them again when a batcher (re)starts, so a batcher crash
+loses no waiting request. Its heartbeat carries the bytes it holds and its budget (the gateway's gauge).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from alignedserve.bus import ConsumerOptions, Delivery, SeenIds, topics
+from alignedserve.bus.messages import Cancel, Message, RequestFinished, ServiceKind, WorkerHeartbeat
+from alignedserve.kvpool.config import KvPoolSettings
+from alignedserve.kvpool.index import PoolIndex
+from alignedserve.service.entry import run_service
+from alignedserve.service.logs import get_logger
+from alignedserve.service.worker import WorkerRuntime
+from alignedserve.transfer import KVRegistry, TransferEndpoint
+from alignedserve.transfer.kv_store import KvStore, StoreSink
+
+log = get_logger("alignedserve.kvpool")
+ENDED_IDS = 100_000
+
+
+class PoolStore(KvStore):
+    """The pool's store: `on_release(key)` runs whenever an entry leaves it (pulled, replaced, dropped)."""
+
+    def __init__(self, budget_bytes: int, on_release: Callable[[str], None]) -> None:
+        super().__init__(budget_bytes)
+        self._on_release = on_release
+
+    def release(self, key: str) -> bool:
+        released = super().release(key)
+        if released:
+            self._on_release(key)
+        return released
+
+
+def pool_metrics(registry: CollectorRegistry, store: KvStore, index: PoolIndex) -> tuple[Counter, Counter]:
+    used = Gauge("alignedserve:kv_pool_used_bytes", "bytes of KV held in the pool", registry=registry)
+    used.set_function(lambda: store.used_bytes)
+    budget = Gauge("alignedserve:kv_pool_budget_bytes", "the pool's byte budget", registry=registry)
+    budget.set(store.budget_bytes)
+    usage = Gauge("alignedserve:kv_pool_usage_perc", "used / budget", registry=registry)
+    usage.set_function(lambda: store.usage)
+    entries = Gauge("alignedserve:kv_pool_entries", "requests whose KV is in the pool", registry=registry)
+    entries.set_function(lambda: len(store))
+    refusals = Gauge("alignedserve:kv_pool_refusals", "pushes refused for lack of room", registry=registry)
+    refusals.set_function(lambda: store.refusals)
+    announced = Gauge(
+        "alignedserve:kv_pool_announced_entries",
+        "entries announced to the batcher and not yet planned (re-announced to a restarted batcher)",
+        registry=registry,
+    )
+    announced.set_function(lambda: len(index))
+    stored = Counter("alignedserve:kv_pool_stored_total", "KV entries stored", registry=registry)
+    reannounced = Counter(
+        "alignedserve:kv_pool_reannounced_total",
+        "KvReady re-sent to a (re)started batcher",
+        registry=registry,
+    )
+    return stored, reannounced
+
+
+async def serve(settings: KvPoolSettings) -> int:
+    registry = CollectorRegistry()
+    index = PoolIndex(settings.worker_id)
+    store = PoolStore(int(settings.pool_bytes), on_release=index.forget)
+    stored, reannounced = pool_metrics(registry, store, index)
+    runtime = WorkerRuntime(ServiceKind.KVPOOL, settings, registry)
+    runtime.kv_usage = lambda: (store.used_bytes, store.budget_bytes)
+    served = KVRegistry()  # what the pool serves now: the entries an announcement may name
+    ended = SeenIds(ENDED_IDS)  # requests cancelled or finished: a late push of theirs is not kept
+    endpoint = TransferEndpoint(served, StoreSink(store, served, on_commit=stored.inc, cancelled=ended))
+    await runtime.start()
+    try:
+
+        async def on_batcher_topic(message: Message, _delivery: Delivery) -> None:
+            index.on_batcher_topic(message, served)
+
+        async def on_event(message: Message) -> None:
+            if isinstance(message, Cancel | RequestFinished):
+                ended.add(message.request_id)
+                index.forget(message.request_id)
+                endpoint.registry.drop(message.request_id)
+            elif isinstance(message, WorkerHeartbeat):
+                again = index.on_heartbeat(message, served, time.time())
+                if again:
+                    await runtime.bus.publish_many(topics.BATCHER, again)
+                    reannounced.inc(len(again))
+                    log.info("reannounced_to_batcher", batcher=message.worker_id, requests=len(again))
+
+        # A group of its own sees every message without taking any from the batcher's group. It reads from
+        # now on, and before the address is advertised: no entry can be announced before it listens.
+        group = f"kvpool-{settings.worker_id}-index"
+        listening = await runtime.subscribe(
+            topics.BATCHER, group, on_batcher_topic, ConsumerOptions(start="latest")
+        )
+        await listening.ready()
+        await runtime.subscribe_events(on_event)
+        address = await endpoint.start(settings.advertise_host, settings.transfer_port)
+        runtime.ucx_address = address.to_bytes()
+        runtime.set_ready()
+        log.info("kvpool_ready", ucx=address.to_wire(), budget_bytes=int(settings.pool_bytes))
+        await runtime.run_until_drained()
+    finally:
+        await endpoint.close()
+        await runtime.close()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    return run_service(KvPoolSettings, serve, argv, __doc__)

@@ -1,0 +1,24 @@
+"""The prefill worker's one frozen config: `alignedserve prefill --flag` or ALIGNEDSERVE_[PREFILL_]* env."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import ByteSize, Field
+
+from alignedserve.engine.settings import EngineWorkerSettings
+
+
+class PrefillSettings(EngineWorkerSettings):
+    service_name: ClassVar[str] = "prefill"
+
+    worker_id: str = Field("prefill-0", min_length=1, description="name in logs, metrics and the bus")
+    # Prefill holds a request's KV only until it is handed to the pool: a few prompts' worth is enough.
+    kv_cache_bytes: ByteSize | None = Field(
+        ByteSize(512 << 20), gt=0, description="KV cache budget on the device (prompts in flight here)"
+    )
+    max_queue: int = Field(256, ge=1, description="prompts queued here before it stops taking more")
+    staging_bytes: ByteSize = Field(
+        ByteSize(2 << 30), gt=0, description="memory for the candidate buffers (staged KV for decode)"
+    )
+    pool_retry_s: float = Field(0.05, gt=0, description="first back-off when the KV pool is full (doubles)")

@@ -1,0 +1,56 @@
+"""`alignedserve prefill`: prompt forward passes, first tokens, KV to the pool, batch staging."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import CollectorRegistry
+
+from alignedserve.bus import topics
+from alignedserve.bus.messages import ServiceKind
+from alignedserve.engine.engine import LLMEngine
+from alignedserve.engine.loader import ModelLoadError
+from alignedserve.prefill.config import PrefillSettings
+from alignedserve.prefill.metrics import PrefillMetrics
+from alignedserve.prefill.worker import PrefillWorker
+from alignedserve.service.entry import run_service
+from alignedserve.service.logs import get_logger
+from alignedserve.service.worker import WorkerRuntime
+from alignedserve.transfer import KVRegistry, TransferEndpoint
+from alignedserve.transfer.kv_store import KvStore, StoreSink
+
+log = get_logger("alignedserve.prefill")
+
+
+async def serve(settings: PrefillSettings) -> int:
+    registry = CollectorRegistry()
+    runtime = WorkerRuntime(ServiceKind.PREFILL, settings, registry)
+    await runtime.start()  # /health answers while the model loads
+    served = KVRegistry()
+    staging = KvStore(int(settings.staging_bytes))
+    sink = StoreSink(staging, served)
+    endpoint = TransferEndpoint(served, sink)
+    try:
+        engine = await asyncio.to_thread(LLMEngine, settings.engine_config())
+        address = await endpoint.start(settings.advertise_host, settings.transfer_port)
+        runtime.ucx_address = address.to_bytes()
+        worker = PrefillWorker(settings, runtime, engine, endpoint, sink, PrefillMetrics(registry, staging))
+        await runtime.subscribe_events(worker.on_event)
+        await runtime.subscribe(
+            topics.staging(settings.worker_id), f"stage-{settings.worker_id}", worker.on_stage
+        )
+        await runtime.subscribe(topics.PREFILL, topics.PREFILL_GROUP, worker.on_prompt)
+        runtime.spawn(worker.prefill_loop(), "prefill-loop")
+        runtime.set_ready()
+        log.info(
+            "prefill_ready", model=engine.model_id, ucx=address.to_wire(), blocks=engine.allocator.num_blocks
+        )
+        await runtime.run_until_drained()
+    finally:
+        await endpoint.close()
+        await runtime.close()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    return run_service(PrefillSettings, serve, argv, __doc__, fatal=(ModelLoadError,))

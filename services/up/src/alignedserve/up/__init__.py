@@ -1,0 +1,1 @@
+"""`alignedserve up`: the whole stack on one machine, one process per service."""

