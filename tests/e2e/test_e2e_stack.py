@@ -172,9 +172,9 @@ def test_loadgen_drives_the_stack_and_checks_every_token_count(stack: Stack, tmp
 def test_echo_scoring_penalties_and_n_choices_through_the_stack(stack: Stack) -> None:
     """How evaluation harnesses score text (`echo`, `max_tokens: 0`, `logprobs`), through prefill workers
     and the bus, and penalties through the decode workers: both equal the engine's own, offline."""
+    from alignedserve.core.sampling import SamplingParams
     from alignedserve.engine.config import EngineConfig
     from alignedserve.engine.engine import LLMEngine
-    from alignedserve.engine.sampling import SamplingParams
 
     prompts = ["The capital of France is Paris.", "Two plus two is four."]
     body = {"model": MODEL, "prompt": prompts, "echo": True, "max_tokens": 0, "logprobs": 1, "temperature": 0}

@@ -9,19 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from alignedserve.core.workloads import (
-    RequestSpec,
-    TraceFormatError,
-    default_trace_path,
-    longbench_like,
-    read_trace,
-    scale_lengths,
-    scale_time,
-    sharegpt_like,
-    synthetic,
-    take,
-    with_poisson_arrivals,
-)
+from alignedserve.core.workloads.spec import RequestSpec
+from alignedserve.core.workloads.synthetic import longbench_like, sharegpt_like, synthetic
+from alignedserve.core.workloads.traces import TraceFormatError, default_trace_path, read_trace
+from alignedserve.core.workloads.transforms import scale_lengths, scale_time, take, with_poisson_arrivals
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:

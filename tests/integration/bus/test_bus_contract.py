@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from alignedserve.bus.messages import SamplingSpec
-from alignedserve.engine.sampling import SamplingParams
+from alignedserve.core.sampling import SamplingParams
 
 
 def test_sampling_spec_mirrors_engine_sampling_params() -> None:

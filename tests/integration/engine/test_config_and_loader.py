@@ -9,10 +9,11 @@ import torch
 from engine_models import tiny_engine
 from transformers import PreTrainedModel
 
+from alignedserve.core.models import ModelLoadError, resolve
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
-from alignedserve.engine.loader import LoadedModel, ModelLoadError, load, resolve
-from alignedserve.engine.sampling import SamplingParams
+from alignedserve.engine.loader import LoadedModel, load
 
 
 @pytest.mark.parametrize(

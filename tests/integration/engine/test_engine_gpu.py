@@ -8,8 +8,8 @@ import torch
 from engine_models import hf_greedy, mixed_prompts, tiny_engine
 from transformers import PreTrainedModel
 
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.kv_export import KvExport, KvHeader
-from alignedserve.engine.sampling import SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 
+from alignedserve.core.sampling import SamplingParams
+from alignedserve.core.stopping import StopChecker
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.generate_cli import prompt_token_ids
 from alignedserve.engine.loader import LoadedModel, load
-from alignedserve.engine.sampling import SamplingParams
-from alignedserve.engine.stopping import StopChecker
 
 PROMPT = "The three primary colors are"
 MAX_TOKENS = 8

@@ -6,10 +6,10 @@ import pytest
 from engine_models import hf_greedy, mixed_prompts, tiny_engine
 from transformers import PreTrainedModel
 
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.loader import LoadedModel
-from alignedserve.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
 

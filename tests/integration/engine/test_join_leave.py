@@ -7,9 +7,9 @@ import torch
 from engine_models import hf_greedy, mixed_prompts, tiny_engine
 from transformers import PreTrainedModel
 
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.request import RequestOutput
-from alignedserve.engine.sampling import SamplingParams
 
 
 def reference_logprobs(model: PreTrainedModel, prompt: list[int], output: list[int]) -> list[float]:

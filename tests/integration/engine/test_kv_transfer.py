@@ -11,11 +11,11 @@ from engine_models import hf_greedy, mixed_prompts, tiny_engine
 from kv_transfer_worker import decode_imported
 from transformers import PreTrainedModel
 
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.kv_export import KvFormatError, KvHeader, checksum
 from alignedserve.engine.loader import LoadedModel
-from alignedserve.engine.sampling import SamplingParams
 
 
 def transfer_and_decode(

@@ -7,8 +7,8 @@ from engine_models import TINY_LLAMA, hf_greedy, random_model, tiny_engine
 from transformers import PreTrainedModel
 
 from alignedserve.core.blocks import OutOfBlocks
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.request import KvBudgetError, PromptTooLongError, RequestError
-from alignedserve.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0)
 

@@ -7,7 +7,7 @@ import torch
 from engine_models import tiny_engine
 from transformers import PreTrainedModel
 
-from alignedserve.engine.sampling import SamplingParams
+from alignedserve.core.sampling import SamplingParams
 
 
 def hf_prompt_logprobs(model: PreTrainedModel, prompt: list[int]) -> torch.Tensor:

@@ -41,9 +41,9 @@ from alignedserve.bus.messages import (
     TokenBatch,
     WorkerHeartbeat,
 )
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
-from alignedserve.engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 DB = 9

@@ -41,13 +41,13 @@ from alignedserve.bus.messages import (
     TokenBatch,
     WorkerHeartbeat,
 )
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.decode.config import DecodeSettings
 from alignedserve.decode.main import main, serve
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.kv_envelope import KvEnvelope
 from alignedserve.engine.loader import LoadedModel
-from alignedserve.engine.sampling import SamplingParams
 from alignedserve.transfer import KVRegistry, TransferEndpoint
 from alignedserve.transfer.kv_store import KvStore, StoreSink
 

@@ -54,10 +54,10 @@ from alignedserve.bus.messages import (
     ServiceKind,
     TokenBatch,
 )
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.kv_envelope import KvEnvelope
-from alignedserve.engine.sampling import SamplingParams
 from alignedserve.transfer import PeerAddress, PulledKV, TransferEndpoint
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # one UCX context for the module: resets cost seconds

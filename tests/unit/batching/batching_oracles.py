@@ -6,7 +6,8 @@ from itertools import combinations
 
 from hypothesis import strategies as st
 
-from alignedserve.batching.types import BatchLimits, WaitingRequest, blocks_for
+from alignedserve.batching.types import BatchLimits, WaitingRequest
+from alignedserve.core.blocks import blocks_for
 
 BLOCK = 4  # tokens per block in these tests: small, so many block boundaries are crossed
 MAX_LEN = 256

@@ -17,8 +17,8 @@ from alignedserve.batching.types import (
     IterationState,
     ScheduledRequest,
     WaitingRequest,
-    blocks_for,
 )
+from alignedserve.core.blocks import blocks_for
 
 CAPACITY = 40  # decode-worker KV blocks
 

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alignedserve.batching.scheduler import next_token_blocks, plan_iteration
-from alignedserve.batching.types import IterationState, ScheduledRequest, blocks_for
+from alignedserve.batching.types import IterationState, ScheduledRequest
+from alignedserve.core.blocks import blocks_for
 
 BS = 16
 

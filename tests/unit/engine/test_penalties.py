@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.penalties import TokenHistory, adjusted_logits
-from alignedserve.engine.sampling import Sampler, SamplingParams, apply_min_p
+from alignedserve.engine.sampling import Sampler, apply_min_p
 
 LOGITS = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0, 1.0]])  # one row, vocabulary of 6
 

@@ -7,12 +7,8 @@ import math
 import pytest
 import torch
 
-from alignedserve.engine.sampling import (
-    Sampler,
-    SamplingParams,
-    apply_top_k_top_p,
-    make_generator,
-)
+from alignedserve.core.sampling import SamplingParams
+from alignedserve.engine.sampling import Sampler, apply_top_k_top_p, make_generator
 
 
 def _sample(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

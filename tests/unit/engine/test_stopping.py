@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from alignedserve.engine.detokenizer import IncrementalDetokenizer
-from alignedserve.engine.sampling import SamplingParams
-from alignedserve.engine.stopping import StopChecker
+from alignedserve.core.detokenizer import IncrementalDetokenizer
+from alignedserve.core.sampling import SamplingParams
+from alignedserve.core.stopping import StopChecker
 
 EOS = 0
 

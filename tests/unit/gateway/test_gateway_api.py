@@ -9,8 +9,8 @@ import httpx
 from gateway_helpers import build_tiny_engine, gateway_settings
 from transformers import PreTrainedTokenizerFast
 
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.engine import LLMEngine
-from alignedserve.engine.sampling import SamplingParams
 from alignedserve.gateway.app import create_app
 from alignedserve.gateway.engine_backend import EngineBackend
 from alignedserve.service.drain import Drain

@@ -16,9 +16,9 @@ from alignedserve.bus.messages import (
     decode,
     encode,
 )
-from alignedserve.engine.sampling import SamplingParams
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.gateway.backend import TokenLogprob
-from alignedserve.gateway.bus_backend import prompt_delta, token_delta
+from alignedserve.gateway.routing import prompt_delta, token_delta
 from alignedserve.service.sampling import to_spec
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 from test_gateway_api import COMPLETIONS, _events
 
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.engine import LLMEngine
-from alignedserve.engine.sampling import SamplingParams
 
 PROMPT = "the quick brown fox jumps"
 GREEDY = {"model": "tiny", "temperature": 0, "ignore_eos": True}

@@ -17,9 +17,9 @@ from alignedserve.bus.messages import (
     WorkerState,
 )
 from alignedserve.bus.token_stream import TokenStream
-from alignedserve.engine.sampling import SamplingParams
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.gateway.backend import BackendStats, GenerationRequest
-from alignedserve.gateway.bus_backend import _Cluster
+from alignedserve.gateway.cluster import ClusterView
 from alignedserve.gateway.metrics import GatewayMetrics
 from alignedserve.gateway.migration import (
     KV_LOST,
@@ -138,7 +138,7 @@ def test_incarnation_ids_keep_to_the_client_id_alphabet_and_never_collide() -> N
 
 
 def test_dead_workers_are_silent_ones_not_gracefully_stopped_ones() -> None:
-    cluster = _Cluster()
+    cluster = ClusterView()
 
     def beat(worker_id: str, kind: ServiceKind, state: WorkerState, now: float) -> None:
         cluster.heartbeat(WorkerHeartbeat(kind=kind, worker_id=worker_id, state=state, seq=1), now)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from alignedserve.engine.sampling import SamplingParams
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.gateway.backend import (
     BackendError,
     GenerationRequest,

@@ -13,13 +13,13 @@ import httpx
 import pytest
 from loadgen_wire_server import EARLY_EOS, HTTP_500, NO_USAGE, SLOW, STREAM_ERROR
 
+from alignedserve.core.workloads.build import WorkloadConfig
 from alignedserve.loadgen.client import ClientSettings, send_request, v1_base
 from alignedserve.loadgen.metrics import tpot_s
 from alignedserve.loadgen.prompts import ChatFormat, CompletionsFormat
 from alignedserve.loadgen.records import RequestRecord
 from alignedserve.loadgen.runner import BenchmarkConfig, run_benchmark
 from alignedserve.loadgen.slo import GateTargets, RequestSlo
-from alignedserve.loadgen.workload import WorkloadConfig
 
 
 async def one(url: str, model: str, max_tokens: int = 6, **settings: Any) -> RequestRecord:

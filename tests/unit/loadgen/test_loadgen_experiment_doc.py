@@ -12,8 +12,8 @@ from alignedserve.bench.e2e import doc as bench_doc
 from alignedserve.bench.e2e.experiment import MODES, RunSet, mode_ratios, render_section, results_table
 from alignedserve.bench.e2e.peers import ALIGNEDSERVE, peers_table, versus_alignedserve
 from alignedserve.bench.e2e.runs import RunRow, RunScale, select_workloads, standard_workloads
+from alignedserve.core.workloads.build import build_specs
 from alignedserve.loadgen.scrape import counter_delta, decode_stats, parse_samples
-from alignedserve.loadgen.workload import build_specs
 
 # ---- sections ----
 

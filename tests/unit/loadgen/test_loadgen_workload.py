@@ -7,16 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from alignedserve.core.workloads import RequestSpec
-from alignedserve.loadgen.workload import (
-    ClosedLoop,
-    PoissonArrivals,
-    TraceTimestamps,
-    WorkloadConfig,
-    build_specs,
-    cap_lengths,
-    choose_arrivals,
-)
+from alignedserve.core.workloads.arrivals import ClosedLoop, PoissonArrivals, TraceTimestamps, choose_arrivals
+from alignedserve.core.workloads.build import WorkloadConfig, build_specs
+from alignedserve.core.workloads.spec import RequestSpec
+from alignedserve.core.workloads.transforms import cap_lengths
 
 
 def test_synthetic_respects_ranges_share_scale_and_caps() -> None:

@@ -16,9 +16,9 @@ from alignedserve.bus.messages import (
     decode,
     encode,
 )
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.request import RequestOutput, TokenLogprob
-from alignedserve.engine.sampling import SamplingParams
-from alignedserve.prefill.worker import Prefilled, first_tokens, request_state, take_batch
+from alignedserve.prefill.core import Prefilled, first_tokens, request_state, take_batch
 from alignedserve.service.sampling import to_params, to_spec
 
 

@@ -1,4 +1,4 @@
-"""The stack bench: its pure parts (marks, rates, percentiles, report, URL) and one tiny real run
+"""The stack bench: its pure parts (marks, rates, report, URL) and one tiny real run
 (random-weight Llama, real Redis at REDIS_URL, real UCX endpoints, the real decode worker loop)."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from alignedserve.bench.stack import (
     loop_overheads,
     main,
     parse_args,
-    percentile,
     report,
     steady_marks,
     tokens_per_s,
@@ -46,18 +45,6 @@ def test_forward_share_is_step_time_over_period() -> None:
     assert forward_share(marks) == pytest.approx(0.75)
 
 
-def test_percentile_is_nearest_rank() -> None:
-    samples = [float(i) for i in range(1, 101)]
-    assert percentile(samples, 50) == 50.0
-    assert percentile(samples, 99) == 99.0
-    assert percentile(samples, 100) == 100.0
-    assert percentile([3.0], 99) == 3.0
-    with pytest.raises(ValueError):
-        percentile([], 50)
-    with pytest.raises(ValueError):
-        percentile([1.0], 101)
-
-
 def test_report_takes_medians_of_rounds_and_pools_samples() -> None:
     rounds = [
         RoundResult(100.0, 90.0, [0.001, 0.002], [0.003], [0.0001], [0.004], 0.99),
@@ -68,8 +55,9 @@ def test_report_takes_medians_of_rounds_and_pools_samples() -> None:
     assert out["engine_tok_s"] == 110.0
     assert out["stack_tok_s"] == 90.0
     assert out["ratio"] == 0.9  # median of 0.9, 0.5, 0.9
-    assert out["sched_bus_p50_ms"] == 2.0  # pooled [1, 2, 4, 3] ms: nearest rank 2 of 4
-    assert out["sched_bus_p99_ms"] == 4.0
+    # pooled [1, 2, 4, 3] ms, linear between closest ranks: p50 rank 1.5 -> 2.5; p99 rank 2.97 -> 3.97
+    assert out["sched_bus_p50_ms"] == 2.5
+    assert out["sched_bus_p99_ms"] == 3.97
     assert out["sched_bus_samples"] == 4
     assert out["stack_forward_share"] == 0.98
     assert out["batch"] == 4

@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 
 from alignedserve.up import main as up
+from alignedserve.up.config import UpSettings
 
 
-def config(device: str = "cpu") -> up.UpConfig:
+def config(device: str = "cpu") -> UpSettings:
     return up.parse_args(["--device", device, "--log-dir", str(Path("/tmp/unused"))])
 
 
-def commands(cfg: up.UpConfig) -> dict[str, list[str]]:
+def commands(cfg: UpSettings) -> dict[str, list[str]]:
     return {name: argv for name, _, argv in up.service_commands(cfg, "redis://127.0.0.1:6379/0")}
 
 

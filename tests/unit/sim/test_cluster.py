@@ -9,10 +9,12 @@ import pytest
 
 from alignedserve.batching.policies import make_policy
 from alignedserve.batching.scheduler import plan_iteration
-from alignedserve.core.workloads import RequestSpec, synthetic, with_poisson_arrivals
+from alignedserve.core.workloads.spec import RequestSpec
+from alignedserve.core.workloads.synthetic import synthetic
+from alignedserve.core.workloads.transforms import with_poisson_arrivals
 from alignedserve.sim.cli import main
 from alignedserve.sim.cluster import Cluster, ClusterConfig
-from alignedserve.sim.cost import make_cost_model
+from alignedserve.sim.cost_registry import make_cost_model
 from alignedserve.sim.metrics import Metrics
 
 TIMING_KEYS = {"sim_wall_s", "sched_p50_ms", "sched_p99_ms", "form_p99_ms"}

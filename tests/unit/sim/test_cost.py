@@ -15,10 +15,9 @@ from alignedserve.sim.cost import (
     GpuCostModel,
     Link,
     SpanCost,
-    cost_model_names,
     fit_attention,
-    make_cost_model,
 )
+from alignedserve.sim.cost_registry import cost_model_names, make_cost_model
 from alignedserve.sim.cpu_model import DecodeSample, PrefillSample, fit_decode, fit_prefill
 
 GPU_MODELS = ["h100-opt-13b", "h100-llama-7b", "h100-opt-13b-paperfit", "h100-llama-7b-paperfit"]

@@ -8,10 +8,11 @@ import pytest
 
 from alignedserve.batching.policies import make_policy
 from alignedserve.batching.scheduler import plan_iteration
-from alignedserve.core.workloads import RequestSpec, synthetic
-from alignedserve.sim.arrivals import OPEN_LOOP, ClosedLoop
+from alignedserve.core.workloads.arrivals import OPEN_LOOP, ClosedLoop
+from alignedserve.core.workloads.spec import RequestSpec
+from alignedserve.core.workloads.synthetic import synthetic
 from alignedserve.sim.cluster import Cluster, ClusterConfig
-from alignedserve.sim.cost import make_cost_model
+from alignedserve.sim.cost_registry import make_cost_model
 from alignedserve.sim.records import SimRequest
 
 

@@ -8,12 +8,13 @@ import pytest
 
 from alignedserve.batching.policies import make_policy
 from alignedserve.batching.scheduler import plan_iteration
-from alignedserve.core.workloads import RequestSpec, synthetic
-from alignedserve.sim.arrivals import ClosedLoop
+from alignedserve.core.workloads.arrivals import ClosedLoop
+from alignedserve.core.workloads.spec import RequestSpec
+from alignedserve.core.workloads.synthetic import synthetic
 from alignedserve.sim.cli import RunSpec, simulate
 from alignedserve.sim.cluster import Cluster, ClusterConfig
 from alignedserve.sim.compute import DedicatedDevices, SharedCores
-from alignedserve.sim.cost import make_cost_model
+from alignedserve.sim.cost_registry import make_cost_model
 from alignedserve.sim.deployments import STACK
 from alignedserve.sim.metrics import Metrics
 

@@ -14,9 +14,9 @@ from alignedserve.bench.e2e.experiment import MODES
 from alignedserve.bench.e2e.runs import RunScale, standard_workloads
 from alignedserve.bench.sim_vs_stack import STACK_MODES
 from alignedserve.core.cli import main as alignedserve
+from alignedserve.core.workloads.build import build_specs
 from alignedserve.decode.config import DecodeSettings
 from alignedserve.engine.config import DEFAULT_KV_CACHE_BYTES
-from alignedserve.loadgen.workload import build_specs
 from alignedserve.prefill.config import PrefillSettings
 from alignedserve.sim.cli import build_workload, parse_args
 from alignedserve.sim.cpu_model import load_cpu_model

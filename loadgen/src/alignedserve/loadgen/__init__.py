@@ -15,7 +15,6 @@ from alignedserve.loadgen.metrics import Summary, summarize
 from alignedserve.loadgen.records import RequestRecord
 from alignedserve.loadgen.runner import BenchmarkConfig, BenchmarkResult, run_benchmark
 from alignedserve.loadgen.slo import GateTargets, RequestSlo, evaluate_gate
-from alignedserve.loadgen.workload import WorkloadConfig
 
 __all__ = [
     "BenchmarkConfig",
@@ -25,7 +24,6 @@ __all__ = [
     "RequestRecord",
     "RequestSlo",
     "Summary",
-    "WorkloadConfig",
     "evaluate_gate",
     "run_benchmark",
     "summarize",

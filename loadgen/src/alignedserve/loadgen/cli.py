@@ -15,13 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from alignedserve.core.config import MASK
+from alignedserve.core.workloads.build import DEFAULT_NUM_REQUESTS, WorkloadConfig, WorkloadSource
 from alignedserve.loadgen.client import ClientSettings
 from alignedserve.loadgen.prompts import PromptLengthError
 from alignedserve.loadgen.report import format_summary
 from alignedserve.loadgen.runner import BenchmarkConfig, BenchmarkResult, run_benchmark
 from alignedserve.loadgen.slo import EXIT_SLO_MISSED, GateTargets, RequestSlo
 from alignedserve.loadgen.tokenizer import TokenizerNotFound
-from alignedserve.loadgen.workload import DEFAULT_NUM_REQUESTS, WorkloadConfig, WorkloadSource
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -165,7 +166,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--plot", type=Path, metavar="DIR", help="write ttft_cdf.png, tpot_cdf.png, throughput.png"
     )
     out.add_argument("--no-progress", "--disable-tqdm", dest="progress", action="store_false")
+    parser.add_argument(
+        "--check-config",
+        action="store_true",
+        help="parse the options as for a run, print them (--api-key masked) and exit: 0 valid, 2 not",
+    )
     return parser
+
+
+def describe_options(args: argparse.Namespace) -> str:
+    """--check-config's report: every option as parsed, one a line (JSON values), the API key masked."""
+    options = {name: value for name, value in vars(args).items() if name != "check_config"}
+    width = max(len(name) for name in options)
+    return "\n".join(
+        f"  {name:<{width}}  {MASK if name == 'api_key' and value else json.dumps(value, default=str)}"
+        for name, value in options.items()
+    )
 
 
 def _source(args: argparse.Namespace) -> WorkloadSource:
@@ -268,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"alignedserve-loadgen: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    if args.check_config:
+        print(f"alignedserve-loadgen: the configuration is valid\n{describe_options(args)}")
+        return EXIT_OK
     try:
         result = asyncio.run(run_benchmark(config))
     except (TokenizerNotFound, PromptLengthError, TimeoutError, FileNotFoundError, ValueError) as e:

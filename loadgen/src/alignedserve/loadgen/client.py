@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
+from httpx_sse import SSEError, aconnect_sse
 
 from alignedserve.loadgen import records
 from alignedserve.loadgen.records import RequestRecord
-from alignedserve.loadgen.sse import DONE, SseParser
+from alignedserve.loadgen.sse import DONE, event_data
 
 
 class ProtocolViolation(ValueError):
@@ -166,19 +167,15 @@ async def _stream(
     sent: float,
 ) -> None:
     reader = StreamReader(APIS[settings.api], record, sent)
-    parser = SseParser()
-    async with client.stream("POST", settings.url, json=body) as response:
+    async with aconnect_sse(client, "POST", settings.url, json=body) as source:
+        response = source.response
         if response.status_code >= 400:
             detail = (await response.aread()).decode(errors="replace")
             raise _HttpFailure(response.status_code, detail)
         # read to the end of the body even after [DONE], so the connection goes back to the pool
-        async for line in response.aiter_lines():
-            data = parser.feed(line)
-            if data is not None and not reader.done:
+        async for data in event_data(response):
+            if not reader.done:
                 reader.on_event(data, time.perf_counter())
-        tail = parser.flush()
-        if tail is not None and not reader.done:
-            reader.on_event(tail, time.perf_counter())
     reader.finish()
 
 
@@ -209,6 +206,8 @@ def _failure_kind(error: BaseException) -> str:
         return records.http_failure(error.status)
     if isinstance(error, TimeoutError | httpx.TimeoutException):
         return records.TIMEOUT
+    if isinstance(error, SSEError):  # a 200 that is not an event stream (an httpx.TransportError)
+        return records.PROTOCOL
     if isinstance(error, httpx.TransportError | httpx.StreamError):
         return records.CONNECTION
     if isinstance(error, ServerReportedError):

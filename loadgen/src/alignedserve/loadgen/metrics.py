@@ -5,20 +5,21 @@ Definitions (per request, over the completed ones; see docs/loadgen.md):
   E2EL = time the response completed - send time
   TPOT = (E2EL - TTFT) / (output_tokens - 1)   (the first token is excluded; undefined for 1 token)
   ITL  = gaps between consecutive output chunks of one request (pooled over all requests)
-Percentiles interpolate linearly between closest ranks (numpy's default): rank = p/100 * (n - 1).
+Percentiles (the median too) are `alignedserve.core.stats.percentile`: linear interpolation between
+closest ranks (numpy's default), rank = p/100 * (n - 1). std is the population standard deviation.
 Names of the aggregated values follow vLLM's benchmark_serving results where they overlap.
 """
 
 from __future__ import annotations
 
 import itertools
+import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from alignedserve.core.stats import percentile
 from alignedserve.loadgen.records import RequestRecord
 
 PERCENTILES = (90, 99)
@@ -50,12 +51,11 @@ class Distribution:
     def of(cls, values: Sequence[float]) -> Distribution:
         if not values:
             return cls(None, None, None, dict.fromkeys(PERCENTILES))
-        sample = np.asarray(values, dtype=np.float64)
         return cls(
-            mean=float(sample.mean()),
-            median=float(np.median(sample)),
-            std=float(sample.std()),
-            percentiles={p: float(np.percentile(sample, p)) for p in PERCENTILES},
+            mean=statistics.fmean(values),
+            median=percentile(values, 50),
+            std=statistics.pstdev(values),
+            percentiles={p: percentile(values, p) for p in PERCENTILES},
         )
 
     def as_ms(self, name: str) -> dict[str, float | None]:

@@ -16,7 +16,10 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from alignedserve.core.workloads import RequestSpec
+from alignedserve.core.retry import Backoff, retrying
+from alignedserve.core.workloads.arrivals import ArrivalProcess, choose_arrivals
+from alignedserve.core.workloads.build import WorkloadConfig, build_specs
+from alignedserve.core.workloads.spec import RequestSpec
 from alignedserve.loadgen.checks import LengthCheck, MismatchPolicy, warning_counts
 from alignedserve.loadgen.client import ClientSettings, send_request, v1_base
 from alignedserve.loadgen.metrics import Summary, summarize
@@ -24,7 +27,8 @@ from alignedserve.loadgen.prompts import ChatFormat, CompletionsFormat, PromptBu
 from alignedserve.loadgen.records import RequestRecord
 from alignedserve.loadgen.slo import GateMiss, GateTargets, RequestSlo, evaluate_gate
 from alignedserve.loadgen.tokenizer import tokenizer_for
-from alignedserve.loadgen.workload import ArrivalProcess, WorkloadConfig, build_specs, choose_arrivals
+
+READY_POLL = Backoff(0.5, factor=1.0)  # wait_ready_s: GET /v1/models every 0.5 s
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,19 +123,21 @@ def prompt_format(api: str, tokenizer: Any) -> PromptFormat:
     return ChatFormat(tokenizer) if api == "chat" else CompletionsFormat(tokenizer)
 
 
+class _NotReady(Exception):
+    pass
+
+
 async def wait_until_ready(client: httpx.AsyncClient, endpoint: str, timeout_s: float) -> None:
     """Poll GET /v1/models until it answers 200 (a server still loading its model refuses or 503s)."""
-    deadline = time.monotonic() + timeout_s
     url = v1_base(endpoint) + "/models"
-    while True:
-        try:
-            if (await client.get(url)).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{url} did not answer 200 within {timeout_s:g} s")
-        await asyncio.sleep(0.5)
+    polls = retrying(READY_POLL, on=(httpx.TransportError, _NotReady), deadline_s=timeout_s)
+    try:
+        async for attempt in polls:
+            with attempt:
+                if (await client.get(url)).status_code != 200:
+                    raise _NotReady
+    except (httpx.TransportError, _NotReady):
+        raise TimeoutError(f"{url} did not answer 200 within {timeout_s:g} s") from None
 
 
 async def _dispatch(

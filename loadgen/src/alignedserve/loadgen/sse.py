@@ -1,39 +1,44 @@
-"""Server-sent events, as OpenAI-compatible servers stream them: `data: <json>` lines, a blank line
-ending each event, `data: [DONE]` ending the stream. Pure: feed it lines, it gives event payloads."""
+"""Server-sent events, as OpenAI-compatible servers stream them: `data: <json>` events, `data: [DONE]`
+ending the stream. Decoded by httpx-sse (the WHATWG event-stream rules: multi-line `data` joined with
+"\\n"; comments and the `event`, `id` and `retry` fields are no payload)."""
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+from httpx_sse import EventSource
 
 DONE = "[DONE]"
 
 
-class SseParser:
-    """Line-fed SSE decoder (the WHATWG event-stream rules that matter for `data`-only streams).
+async def event_data(response: httpx.Response) -> AsyncIterator[str]:
+    """The data of each event of a streamed `response` that has any, as it arrives.
 
-    Lines arrive without their line terminator. Multi-line `data` fields join with "\\n"; comments
-    (`:` lines) and other fields (`event`, `id`, `retry`) are ignored.
+    Unlike the WHATWG rules, an event the server did not end with a blank line still counts at the end
+    of the body. Raises `httpx_sse.SSEError` when the response is not `text/event-stream`.
     """
+    ended = httpx.Response(
+        response.status_code, headers=response.headers, stream=_BlankLineAtEnd(response.stream)
+    )
+    async for event in EventSource(ended).aiter_sse():
+        if event.data:
+            yield event.data
 
-    def __init__(self) -> None:
-        self._data: list[str] = []
 
-    def feed(self, line: str) -> str | None:
-        """The completed event's data when `line` ends an event, else None."""
-        if line == "":
-            return self._dispatch()
-        if line.startswith(":"):
-            return None
-        field, _, value = line.partition(":")
-        if field == "data":
-            self._data.append(value[1:] if value.startswith(" ") else value)
+class _BlankLineAtEnd(httpx.AsyncByteStream):
+    """The body, then a blank line (ending an unterminated last event; otherwise one more blank line,
+    which is no event). Closing stays with the response the body belongs to."""
+
+    def __init__(self, body: httpx.SyncByteStream | httpx.AsyncByteStream) -> None:
+        if not isinstance(body, httpx.AsyncByteStream):
+            raise TypeError("event_data reads the response of an httpx.AsyncClient")
+        self._body = body
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._body:
+            yield chunk
+        yield b"\n\n"
+
+    async def aclose(self) -> None:
         return None
-
-    def flush(self) -> str | None:
-        """At end of stream: an event the server did not end with a blank line."""
-        return self._dispatch()
-
-    def _dispatch(self) -> str | None:
-        if not self._data:
-            return None
-        data = "\n".join(self._data)
-        self._data.clear()
-        return data

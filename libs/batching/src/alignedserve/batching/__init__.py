@@ -17,7 +17,6 @@ from alignedserve.batching.types import (
     IterationState,
     ScheduledRequest,
     WaitingRequest,
-    blocks_for,
 )
 from alignedserve.batching.window import WindowPolicy
 
@@ -35,7 +34,6 @@ __all__ = [
     "SearchResult",
     "WaitingRequest",
     "WindowPolicy",
-    "blocks_for",
     "density_first_search",
     "make_policy",
     "next_token_blocks",

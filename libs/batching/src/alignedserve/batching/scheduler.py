@@ -13,7 +13,8 @@ After each decode iteration:
 
 from __future__ import annotations
 
-from alignedserve.batching.types import IterationPlan, IterationState, ScheduledRequest, blocks_for
+from alignedserve.batching.types import IterationPlan, IterationState, ScheduledRequest
+from alignedserve.core.blocks import blocks_for
 
 
 def next_token_blocks(request: ScheduledRequest, block_size: int) -> int:

@@ -9,11 +9,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
-def blocks_for(tokens: int, block_size: int) -> int:
-    """KV blocks needed to hold `tokens` tokens (ceil division; 0 tokens -> 0 blocks)."""
-    return -(-tokens // block_size)
-
-
 @dataclass(frozen=True, slots=True)
 class WaitingRequest:
     """A prefilled request whose KV waits in the pool for a decode batch."""

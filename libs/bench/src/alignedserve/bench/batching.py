@@ -26,8 +26,10 @@ from typing import Any
 
 from alignedserve.batching.aligned import AlignedPolicy
 from alignedserve.batching.policies import DEFAULT_POLICY, POLICY_NAMES, make_policy
-from alignedserve.batching.types import BatchLimits, BatchPolicy, WaitingRequest, blocks_for
+from alignedserve.batching.types import BatchLimits, BatchPolicy, WaitingRequest
 from alignedserve.batching.window import narrowest_window
+from alignedserve.core.blocks import blocks_for
+from alignedserve.core.stats import percentile
 
 TRACE = "AzureLLMInferenceTrace_conv.csv"
 
@@ -36,11 +38,6 @@ def trace_prefixes(max_prefix: int) -> list[int]:
     text = resources.files("alignedserve.core.data").joinpath("traces", TRACE).read_text()
     rows = csv.DictReader(text.splitlines())
     return [min(max(int(row["ContextTokens"]), 1), max_prefix) for row in rows]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 def rss_mb() -> float:
@@ -89,12 +86,12 @@ def bench_updates(policy: BatchPolicy, work: Workload, live: list[str], ops: int
         ins_cpu.append(cpu)
         live[slot] = request.request_id
     return {
-        "insert_p50_us": percentile(ins_wall, 0.5) * 1e6,
-        "insert_p99_us": percentile(ins_wall, 0.99) * 1e6,
-        "insert_cpu_p99_us": percentile(ins_cpu, 0.99) * 1e6,
-        "remove_p50_us": percentile(rem_wall, 0.5) * 1e6,
-        "remove_p99_us": percentile(rem_wall, 0.99) * 1e6,
-        "remove_cpu_p99_us": percentile(rem_cpu, 0.99) * 1e6,
+        "insert_p50_us": percentile(ins_wall, 50) * 1e6,
+        "insert_p99_us": percentile(ins_wall, 99) * 1e6,
+        "insert_cpu_p99_us": percentile(ins_cpu, 99) * 1e6,
+        "remove_p50_us": percentile(rem_wall, 50) * 1e6,
+        "remove_p99_us": percentile(rem_wall, 99) * 1e6,
+        "remove_cpu_p99_us": percentile(rem_cpu, 99) * 1e6,
     }
 
 
@@ -132,14 +129,14 @@ def bench_forms(
             policy.add(work.request())
     n = max(len(sizes), 1)
     return {
-        "form_p50_ms": percentile(walls, 0.5) * 1e3,
-        "form_p99_ms": percentile(walls, 0.99) * 1e3,
-        "form_cpu_p50_ms": percentile(cpus, 0.5) * 1e3,
-        "form_cpu_p99_ms": percentile(cpus, 0.99) * 1e3,
+        "form_p50_ms": percentile(walls, 50) * 1e3,
+        "form_p99_ms": percentile(walls, 99) * 1e3,
+        "form_cpu_p50_ms": percentile(cpus, 50) * 1e3,
+        "form_cpu_p99_ms": percentile(cpus, 99) * 1e3,
         "forms": forms,
         "batch_size_mean": sum(sizes) / n,
         "spread_mean": sum(spreads) / n,
-        "spread_p50": percentile([float(s) for s in spreads], 0.5),
+        "spread_p50": percentile(spreads, 50) if spreads else 0.0,
         "spread_max": float(max(spreads, default=0)),
         "bubble_share_mean": sum(bubbles) / n,
         "memory_use_mean": sum(used) / n,

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from contextlib import ExitStack
 from alignedserve.bus import Bus, Delivery, connect_bus
 from alignedserve.bus.embedded import EmbeddedBroker, redis_answers, start_kafka, start_redis
 from alignedserve.bus.messages import DecodeStatus, Message, TokenBatch, TokenEntry
+from alignedserve.core.stats import percentile
 
 Factory = Callable[[int], Message]
 
@@ -50,11 +50,6 @@ def iteration_tokens(i: int) -> Message:
 MESSAGES: dict[str, Factory] = {"decode_status": room_report, "token_batch_128": iteration_tokens}
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 async def _latency(bus: Bus, topic: str, make: Factory, n: int) -> dict[str, float]:
     handled_at: dict[str, float] = {}
     arrived = asyncio.Event()
@@ -76,8 +71,8 @@ async def _latency(bus: Bus, topic: str, make: Factory, n: int) -> dict[str, flo
             latencies.append(handled_at[message.message_id] - sent_at)
     await sub.stop()
     return {
-        "p50_ms": round(statistics.median(latencies) * 1e3, 3),
-        "p99_ms": round(percentile(latencies, 0.99) * 1e3, 3),
+        "p50_ms": round(percentile(latencies, 50) * 1e3, 3),
+        "p99_ms": round(percentile(latencies, 99) * 1e3, 3),
         "max_ms": round(max(latencies) * 1e3, 3),
     }
 

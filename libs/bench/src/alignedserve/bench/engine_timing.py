@@ -28,11 +28,11 @@ from dataclasses import dataclass
 import torch
 
 from alignedserve.core.blocks import blocks_for
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.kv_export import KvExport
 from alignedserve.engine.loader import LoadedModel, load
-from alignedserve.engine.sampling import SamplingParams
 from alignedserve.sim.cpu_model import DecodeSample, PrefillSample, describe_lens
 
 BLOCK_SIZE = 16  # the workers' default KV block size

@@ -79,9 +79,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from alignedserve.bench.engine.steps import decode_engine, fill_batch, timed_step
+    from alignedserve.core.sampling import SamplingParams
     from alignedserve.engine.config import EngineConfig
     from alignedserve.engine.loader import load
-    from alignedserve.engine.sampling import SamplingParams
 
     torch.set_num_threads(args.threads)
     config = EngineConfig(model=args.model, num_threads=args.threads)
@@ -127,9 +127,9 @@ def _prefill_loop(args: argparse.Namespace, ready: Event, stop: Event, out: Any)
     """The other engine: prefill one prompt after another until told to stop; report (start, seconds)."""
     import torch
 
+    from alignedserve.core.sampling import SamplingParams
     from alignedserve.engine.config import EngineConfig
     from alignedserve.engine.engine import LLMEngine
-    from alignedserve.engine.sampling import SamplingParams
 
     torch.set_num_threads(args.threads)
     engine = LLMEngine(EngineConfig(model=args.model, num_threads=args.threads, kv_cache_bytes=2**28))

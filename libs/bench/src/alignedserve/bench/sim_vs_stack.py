@@ -5,11 +5,11 @@
     alignedserve sim vs-stack --bench-json var/bench-e2e.json --json         # one JSON object
 
 For each (mode, workload) row of the benchmark's JSON the simulator replays the same requests — the
-run's `scale` rebuilt as a `RunScale`, the workload built by the load generator's own code
-(`standard_workloads` -> `build_specs`), so the lengths are identical for the same seed — in the same
-closed loop (`concurrency`), with the mode's policy and prefetch setting, on the stack's default
-configuration (`deployments.STACK`: 1 prefill + 1 decode worker, K_min 16, max batch 64, fill 0.85,
-aging 10 s) and the `cpu-smollm2` cost model. It reports measured vs predicted output tokens/s, P99 and
+run's `scale` rebuilt as a `RunScale`, the workload built by the load generator's code
+(`standard_workloads` -> `core.workloads.build.build_specs`), so the lengths are identical for the same
+seed — in the same closed loop (`concurrency`), with the mode's policy and prefetch setting, on the
+stack's default configuration (`deployments.STACK`: 1 prefill + 1 decode worker, K_min 16, max batch
+64, fill 0.85, aging 10 s) and the `cpu-smollm2` cost model. It reports measured vs predicted output tokens/s, P99 and
 mean TPOT and mean TTFT (the load generator's definitions: `output_throughput_tok_s`,
 `p99_client_tpot_ms`, ... of the simulator) and predicted / measured.
 """
@@ -23,11 +23,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from alignedserve.core.workloads import RequestSpec, TraceFormatError
-from alignedserve.sim.arrivals import ClosedLoop
+from alignedserve.core.workloads.arrivals import ClosedLoop
+from alignedserve.core.workloads.build import build_specs
+from alignedserve.core.workloads.spec import RequestSpec
+from alignedserve.core.workloads.traces import TraceFormatError
 from alignedserve.sim.cli import RunSpec, simulate
 from alignedserve.sim.compute import COMPUTE
-from alignedserve.sim.cost import CostModel, cost_model_names, make_cost_model
+from alignedserve.sim.cost import CostModel
+from alignedserve.sim.cost_registry import cost_model_names, make_cost_model
 from alignedserve.sim.deployments import STACK, Deployment
 from alignedserve.sim.records import SimulationError
 
@@ -97,7 +100,6 @@ def read_bench(path: Path) -> tuple[dict[str, Any], list[BenchRow]]:
 def workloads_for(scale: dict[str, Any]) -> tuple[int, dict[str, list[RequestSpec]]]:
     """(concurrency, workload name -> requests) exactly as the benchmark built them."""
     from alignedserve.bench.e2e.runs import RunScale, standard_workloads
-    from alignedserve.loadgen.workload import build_specs
 
     try:
         run_scale = RunScale(**scale)

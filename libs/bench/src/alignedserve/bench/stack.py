@@ -62,6 +62,8 @@ from alignedserve.bus.messages import (
 )
 from alignedserve.bus.redis_streams import split_url
 from alignedserve.core.blocks import blocks_for
+from alignedserve.core.sampling import SamplingParams
+from alignedserve.core.stats import percentile
 from alignedserve.decode.config import DecodeSettings
 from alignedserve.decode.main import inbox_group
 from alignedserve.decode.metrics import DecodeMetrics
@@ -71,7 +73,6 @@ from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.kv_envelope import KvEnvelope
 from alignedserve.engine.kv_export import KvExport
 from alignedserve.engine.loader import LoadedModel, load
-from alignedserve.engine.sampling import SamplingParams
 from alignedserve.service.logs import configure_logging
 from alignedserve.service.worker import WorkerRuntime
 from alignedserve.transfer import KVRegistry, TransferEndpoint
@@ -122,17 +123,6 @@ def forward_share(marks: Sequence[Mark]) -> float:
     """Share of the loop's time spent in engine forwards (iterations 2..n): the stack-over-engine ratio
     read inside the same iterations, so machine noise cancels (the bare loop's share is ~1)."""
     return sum(m.step_s for m in marks[1:]) / (marks[-1].at - marks[0].at)
-
-
-def percentile(samples: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile, q in [0, 100]."""
-    if not samples:
-        raise ValueError("percentile of no samples")
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in [0, 100], got {q}")
-    ordered = sorted(samples)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
 
 
 @dataclass

@@ -25,6 +25,7 @@ from typing import Literal, Protocol, Self
 
 from alignedserve.bus.messages import Message, MessageError, decode
 from alignedserve.bus.seen import SeenIds
+from alignedserve.core.retry import Backoff, RetryCallState, retry_error, retry_wait_s, retrying
 
 log = logging.getLogger("alignedserve.bus")
 
@@ -62,8 +63,7 @@ class ConsumerStats:
     lag_s: list[float] = field(default_factory=list)  # created_at -> handler start, last 1024
 
 
-RECONNECT_MIN_S = 0.1
-RECONNECT_MAX_S = 2.0
+RECONNECT = Backoff(0.1, max_s=2.0)  # a consume loop that lost its broker: 0.1 s, doubling to 2 s, forever
 
 DeadLetter = Callable[[str, bytes, str], Awaitable[None]]  # (topic, payload, error) -> None
 
@@ -100,25 +100,26 @@ class Dispatcher:
             self.stats.handled += 1
 
     async def _handle(self, message: Message, delivery: Delivery, payload: bytes) -> bool:
-        for attempt in range(1, self.options.max_attempts + 1):
-            try:
-                await self.handler(message, delivery)
-                return True
-            except Exception as exc:  # a handler bug or a transient failure: retry, then dead-letter
-                log.warning(
-                    "%s: handler failed on %s %s (try %d/%d): %r",
-                    self.name,
-                    message.TYPE,
-                    message.message_id,
-                    attempt,
-                    self.options.max_attempts,
-                    exc,
-                )
-                if attempt == self.options.max_attempts:
-                    await self._dead(delivery, payload, repr(exc))
-                    return False
-                await asyncio.sleep(self.options.retry_backoff_s * 2 ** (attempt - 1))
-        return False
+        def failed(state: RetryCallState) -> None:
+            log.warning(
+                "%s: handler failed on %s %s (try %d/%d): %r",
+                self.name,
+                message.TYPE,
+                message.message_id,
+                state.attempt_number,
+                self.options.max_attempts,
+                retry_error(state),
+            )
+
+        backoff = Backoff(self.options.retry_backoff_s, attempts=self.options.max_attempts)
+        try:
+            async for attempt in retrying(backoff, after=failed):
+                with attempt:
+                    await self.handler(message, delivery)
+            return True
+        except Exception as exc:  # a handler bug or a transient failure, on every try: dead-letter
+            await self._dead(delivery, payload, repr(exc))
+            return False
 
     async def _dead(self, delivery: Delivery, payload: bytes, error: str) -> None:
         self.stats.dead_lettered += 1
@@ -186,26 +187,34 @@ class Subscription(abc.ABC):
     async def _run_guarded(self) -> None:
         """Run the consume loop; a broker error (timeout, lost connection) restarts it after a back-off,
         so a subscription outlives a broker restart or a starved machine instead of dying silently."""
-        backoff = RECONNECT_MIN_S
-        while True:
-            try:
-                await self._run()
-                return
-            except asyncio.CancelledError:
-                if not self._stopping:
-                    raise
-                return
-            except self.transient_errors as exc:
-                if self._stopping:
-                    return
-                log.warning(
-                    "%s: broker error %r; consuming again in %.2fs", self.dispatcher.name, exc, backoff
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, RECONNECT_MAX_S)
-            except Exception:
-                log.exception("%s: consume loop crashed", self.dispatcher.name)
+
+        def reconnecting(state: RetryCallState) -> None:
+            log.warning(
+                "%s: broker error %r; consuming again in %.2fs",
+                self.dispatcher.name,
+                retry_error(state),
+                retry_wait_s(state),
+            )
+
+        try:
+            runs = retrying(
+                RECONNECT,
+                on=self.transient_errors,
+                give_up=lambda: self._stopping,
+                before_sleep=reconnecting,
+            )
+            async for attempt in runs:
+                with attempt:
+                    await self._run()
+        except asyncio.CancelledError:
+            if not self._stopping:
                 raise
+        except self.transient_errors:
+            if not self._stopping:
+                raise  # not reached: only stopping ends the retries
+        except Exception:
+            log.exception("%s: consume loop crashed", self.dispatcher.name)
+            raise
 
     @abc.abstractmethod
     async def _run(self) -> None: ...

@@ -32,13 +32,22 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
 
+from alignedserve.core.retry import Backoff, retrying_sync
+
 BrokerKind = Literal["redis", "kafka"]
 HOST = "127.0.0.1"
 DEFAULT_PORTS: dict[BrokerKind, int] = {"redis": 6379, "kafka": 9092}
 
 
+READY_POLL = Backoff(0.05, factor=1.0)  # a starting broker is asked every 50 ms
+
+
 class BrokerError(RuntimeError):
     """No usable broker binary, or the broker did not come up."""
+
+
+class _NotAnswering(Exception):
+    """The broker does not answer yet."""
 
 
 def state_dir() -> Path:
@@ -190,17 +199,18 @@ class EmbeddedBroker:
         return True
 
     def wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if _answers(self.kind, self.port):
-                return
-            if not self.alive():
-                raise BrokerError(f"{self.kind} broker exited at start: {self._log_tail()}")
-            time.sleep(0.05)
-        self.stop()
-        raise BrokerError(
-            f"{self.kind} broker did not answer on port {self.port} in {timeout}s: {self._log_tail()}"
-        )
+        try:
+            for attempt in retrying_sync(READY_POLL, on=_NotAnswering, deadline_s=timeout):
+                with attempt:
+                    if not _answers(self.kind, self.port):
+                        if not self.alive():
+                            raise BrokerError(f"{self.kind} broker exited at start: {self._log_tail()}")
+                        raise _NotAnswering
+        except _NotAnswering:
+            self.stop()
+            raise BrokerError(
+                f"{self.kind} broker did not answer on port {self.port} in {timeout}s: {self._log_tail()}"
+            ) from None
 
     def stop(self, timeout: float = 5.0) -> None:
         if self.alive():

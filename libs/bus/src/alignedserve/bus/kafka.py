@@ -42,8 +42,11 @@ from alignedserve.bus.base import (
     as_topics,
 )
 from alignedserve.bus.messages import Message, encode
+from alignedserve.core.retry import Backoff, retrying
 
 log = logging.getLogger("alignedserve.bus")
+
+METADATA_POLL = Backoff(0.05, attempts=50, factor=1.0)  # a fresh topic's partitions: up to ~2.5 s
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,13 +216,21 @@ class KafkaBus(Bus):
         self._producer = self._admin = None
 
 
+class _NoPartitions(Exception):
+    pass
+
+
 async def _partitions(probe: AIOKafkaConsumer, topic: str) -> list[int]:
-    for _ in range(50):  # metadata for a fresh topic can take a moment to appear
-        found = probe.partitions_for_topic(topic)
-        if found:
-            return sorted(found)
-        await probe._client.force_metadata_update()
-        await asyncio.sleep(0.05)
+    try:  # metadata for a fresh topic can take a moment to appear
+        async for attempt in retrying(METADATA_POLL, on=_NoPartitions):
+            with attempt:
+                found = probe.partitions_for_topic(topic)
+                if not found:
+                    await probe._client.force_metadata_update()
+                    raise _NoPartitions
+                return sorted(found)
+    except _NoPartitions:
+        pass
     raise KeyError(f"Kafka topic {topic!r} has no partitions")
 
 

@@ -121,7 +121,7 @@ class LogitBias:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingSpec:
-    """Mirror of `alignedserve.engine.sampling.SamplingParams` (same field names and meanings)."""
+    """Mirror of `alignedserve.core.sampling.SamplingParams` (same field names and meanings)."""
 
     max_tokens: int = 16
     temperature: float = 1.0  # 0 = greedy

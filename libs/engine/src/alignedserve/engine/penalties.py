@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from alignedserve.engine.sampling import SamplingParams
+from alignedserve.core.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

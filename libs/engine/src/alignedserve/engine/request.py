@@ -9,7 +9,7 @@ from typing import Protocol
 
 import torch
 
-from alignedserve.engine.sampling import SamplingParams
+from alignedserve.core.sampling import SamplingParams
 
 
 class RequestError(ValueError):

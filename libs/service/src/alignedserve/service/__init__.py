@@ -2,16 +2,14 @@
 
 The shape of a service's `main(argv)` (the gateway's `main.py` is a complete example)::
 
-    class DecodeSettings(WorkerSettings):           # config.py: flags + ALIGNEDSERVE_[DECODE_]* env vars
-        service_name: ClassVar[str] = "decode"
+    class DecodeSettings(WorkerSettings):           # config.py: flags, ALIGNEDSERVE_[DECODE_]* env vars,
+        service_name: ClassVar[str] = "decode"      # --config FILE.toml
         max_batch: int = Field(128, ge=1, description="...")
 
-    def main(argv: list[str]) -> int:
-        try:
-            settings = DecodeSettings.from_argv(argv, prog="alignedserve decode")
-        except ConfigError as exc:                   # names the flag and env vars; exit code 2
-            print(f"alignedserve decode: {exc}", file=sys.stderr)
-            return 2
+    def main(argv: list[str]) -> int:               # entry.run_service does all of this
+        settings = settings_or_exit_code(DecodeSettings, argv, "alignedserve decode")
+        if isinstance(settings, int):                # 2: bad config, message names the flag and env vars
+            return settings                          # 0: --check-config printed the configuration
         configure_logging("decode", settings.log_level, settings.log_format)     # logs.py
         return asyncio.run(serve(settings))
 

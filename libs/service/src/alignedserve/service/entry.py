@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from alignedserve.core.config import ConfigError, ServiceSettings
+from alignedserve.core.config import ConfigError, ServiceSettings, settings_or_exit_code
 from alignedserve.service.logs import configure_logging
 
 S = TypeVar("S", bound=ServiceSettings)
@@ -21,14 +21,12 @@ def run_service(
     fatal: tuple[type[Exception], ...] = (),
 ) -> int:
     """Exit 2 with a message for a bad config or a `fatal` start-up error (e.g. a model that does not
-    load), 130 on Ctrl-C, else what `serve` returns."""
+    load), 0 after --check-config, 130 on Ctrl-C, else what `serve` returns."""
     name = settings_cls.service_name
     prog = f"alignedserve {name}"
-    try:
-        settings = settings_cls.from_argv(argv, prog=prog, description=description)
-    except ConfigError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
+    settings = settings_or_exit_code(settings_cls, argv, prog, description)
+    if isinstance(settings, int):
+        return settings
     configure_logging(name, settings.log_level, settings.log_format)
     try:
         return asyncio.run(serve(settings))

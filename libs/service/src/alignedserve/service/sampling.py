@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from alignedserve.bus.messages import LogitBias, SamplingSpec
-from alignedserve.engine.sampling import SamplingParams
+from alignedserve.core.sampling import SamplingParams
 
 
 def to_params(spec: SamplingSpec) -> SamplingParams:

@@ -1,7 +1,7 @@
 """`alignedserve sim`: replay a workload through a simulated cluster driven by the real batching code.
 
 alignedserve sim --workload synthetic --short-share 0.95 --requests 4000 --json
-alignedserve sim --trace libs/alignedserve/data/traces/AzureLLMInferenceTrace_conv.csv --time-scale 0.1
+alignedserve sim --trace libs/core/src/alignedserve/core/data/traces/AzureLLMInferenceTrace_conv.csv --time-scale 0.1
 alignedserve sim --workload azure --requests 100000 --json      # the trace tiled (workloads.take)
 alignedserve sim --compare --workload synthetic --short-share 0.95   # aligned vs fcfs vs prefetch off
 alignedserve sim --deployment stack --concurrency 16 --requests 64 --length-scale 0.25 \
@@ -20,19 +20,15 @@ from pathlib import Path
 
 from alignedserve.batching.policies import POLICY_NAMES, make_policy
 from alignedserve.batching.scheduler import plan_iteration
-from alignedserve.core.workloads import (
-    RequestSpec,
-    TraceFormatError,
-    default_trace_path,
-    read_trace,
-    scale_time,
-    with_poisson_arrivals,
-)
-from alignedserve.loadgen.workload import WorkloadConfig, WorkloadSource, build_specs
-from alignedserve.sim.arrivals import OPEN_LOOP, ArrivalProcess, ClosedLoop
+from alignedserve.core.workloads.arrivals import OPEN_LOOP, ArrivalProcess, ClosedLoop
+from alignedserve.core.workloads.build import WorkloadConfig, WorkloadSource, build_specs
+from alignedserve.core.workloads.spec import RequestSpec
+from alignedserve.core.workloads.traces import TraceFormatError, default_trace_path, read_trace
+from alignedserve.core.workloads.transforms import scale_time, with_poisson_arrivals
 from alignedserve.sim.cluster import Cluster, ClusterConfig
 from alignedserve.sim.compute import COMPUTE
-from alignedserve.sim.cost import CostModel, cost_model_names, make_cost_model
+from alignedserve.sim.cost import CostModel
+from alignedserve.sim.cost_registry import cost_model_names, make_cost_model
 from alignedserve.sim.deployments import DEPLOYMENTS, Deployment
 from alignedserve.sim.records import SimulationError
 
@@ -115,8 +111,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def workload_config(args: argparse.Namespace) -> WorkloadConfig:
-    """The load generator's description of the same workload: its code builds the lengths, so a
-    simulated run replays exactly what `alignedserve-loadgen` sends for the same flags and seed."""
+    """The load generator's description of the same workload: the same `build_specs` builds the lengths,
+    so a simulated run replays exactly what `alignedserve-loadgen` sends for the same flags and seed."""
     source: WorkloadSource
     if args.trace is not None or args.workload == "azure":
         source = "trace"
@@ -141,7 +137,8 @@ def workload_config(args: argparse.Namespace) -> WorkloadConfig:
 
 
 def build_workload(args: argparse.Namespace) -> list[RequestSpec]:
-    """Lengths from the load generator's `build_specs`; then arrival times (ignored by a closed loop)."""
+    """Lengths from `build_specs`, as the load generator builds them; then arrival times (ignored by a
+    closed loop)."""
     specs: list[RequestSpec] = build_specs(workload_config(args))
     if args.rate is not None:
         specs = with_poisson_arrivals(specs, args.rate, args.seed)

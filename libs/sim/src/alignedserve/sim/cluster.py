@@ -14,8 +14,9 @@ Where KV bytes travel (DESIGN.md §2, §4):
 An admission or eviction transfer stalls the decode worker before its next iteration (the scheduling
 latency the paper's GPU prefetch cuts).
 
-Requests enter through the configured arrival process (`arrivals.py`): their own timestamps (open
-loop) or a closed loop that lets a new request in whenever one completes.
+Requests enter through the configured arrival process (`alignedserve.core.workloads.arrivals`, the
+load generator's own): their own timestamps (open loop) or a closed loop that lets a new request in
+whenever one completes.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from alignedserve.batching.types import (
     IterationState,
     WaitingRequest,
 )
-from alignedserve.core.workloads import RequestSpec
-from alignedserve.sim.arrivals import OPEN_LOOP, ArrivalProcess
+from alignedserve.core.workloads.arrivals import OPEN_LOOP, ArrivalProcess
+from alignedserve.core.workloads.spec import RequestSpec
 from alignedserve.sim.compute import COMPUTE, Ends
 from alignedserve.sim.cost import CostModel, Link
 from alignedserve.sim.decode import DecodeWorker, Span

@@ -2,7 +2,8 @@
 
 Every model answers the same five questions (the `CostModel` protocol), so the simulator never branches
 on hardware. GPU models are built only from public figures (see `GpuSpec`, `ModelSpec` and
-docs/simulator.md for the derivation); the CPU model is fitted from measurements (`cpu_model.py`).
+docs/simulator.md for the derivation); the CPU model is fitted from measurements (`cpu_model.py`);
+`cost_registry.py` names them all.
 
 Decode on a GPU = a linear part (every weight read once per iteration, 2·params FLOPs per token) plus an
 attention part that is memory-bound (~1 FLOP per KV byte, far below the ridge) and parallel *per
@@ -216,34 +217,6 @@ class GpuCostModel:
     def transfer_s(self, blocks: int, link: Link) -> float:
         rate = self.gpu.pcie_bytes_per_s if link is Link.PCIE else self.gpu.nvlink_bytes_per_s
         return blocks * self.block_size * self.kv_bytes_per_token / rate
-
-
-def _registry() -> dict[str, Callable[[], CostModel]]:
-    from alignedserve.sim.cpu_model import load_cpu_model
-
-    return {
-        "h100-opt-13b": lambda: GpuCostModel(H100_SXM, OPT_13B),
-        "h100-llama-7b": lambda: GpuCostModel(H100_SXM, LLAMA_7B),
-        "h100-opt-13b-paperfit": lambda: GpuCostModel(
-            H100_SXM, OPT_13B, fit=fit_attention(H100_SXM, LLAMA_7B)
-        ),
-        "h100-llama-7b-paperfit": lambda: GpuCostModel(
-            H100_SXM, LLAMA_7B, fit=fit_attention(H100_SXM, LLAMA_7B)
-        ),
-        "cpu-smollm2": load_cpu_model,
-    }
-
-
-def cost_model_names() -> list[str]:
-    return sorted(_registry())
-
-
-def make_cost_model(name: str) -> CostModel:
-    """A cost model by registry name (see `cost_model_names()`)."""
-    factories = _registry()
-    if name not in factories:
-        raise ValueError(f"unknown cost model {name!r}; choose one of {', '.join(sorted(factories))}")
-    return factories[name]()
 
 
 # --- the paper's measured iterations (vLLM, H100, Llama-7B), and the fit they allow --------------------

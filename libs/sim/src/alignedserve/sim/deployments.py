@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from alignedserve.sim.arrivals import OPEN_LOOP, ArrivalProcess
+from alignedserve.core.workloads.arrivals import OPEN_LOOP, ArrivalProcess
 from alignedserve.sim.cluster import ClusterConfig
 
 

@@ -19,11 +19,11 @@ Definitions (docs/simulator.md):
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
+from alignedserve.core.stats import percentile
 from alignedserve.sim.records import SimRequest
 
 if TYPE_CHECKING:
@@ -34,8 +34,7 @@ def _ms(values: Sequence[float], q: float | None) -> float:
     """Mean (q None) or q-th percentile of seconds, in milliseconds (0 when empty)."""
     if not values:
         return 0.0
-    arr = np.asarray(values)
-    return float((arr.mean() if q is None else np.percentile(arr, q)) * 1e3)
+    return (statistics.fmean(values) if q is None else percentile(values, q)) * 1e3
 
 
 class Metrics:

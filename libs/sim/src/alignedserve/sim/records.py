@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from alignedserve.batching.types import ScheduledRequest, WaitingRequest, blocks_for
+from alignedserve.batching.types import ScheduledRequest, WaitingRequest
+from alignedserve.core.blocks import blocks_for
 
 UNSET = -1.0
 

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from alignedserve.core.retry import Backoff, RetryCallState, retry_error, retrying
 from alignedserve.transfer.address import PeerAddress
 from alignedserve.transfer.buffers import Buffer, ByteView, byte_view
 from alignedserve.transfer.checksum import payload_checksum
@@ -27,7 +28,6 @@ from alignedserve.transfer.errors import (
     PeerUnavailable,
     ProtocolError,
     PushRejected,
-    TransferError,
     TransferFailed,
     TransferTimeout,
 )
@@ -64,8 +64,9 @@ class RetryPolicy:
         if min(self.attempt_timeout_s, self.connect_timeout_s) <= 0:
             raise ValueError("retry policy timeouts must be positive")
 
-    def backoff(self, failed_attempts: int) -> float:
-        return float(min(self.max_backoff_s, self.backoff_s * 2 ** (failed_attempts - 1)))
+    @property
+    def backoff(self) -> Backoff:
+        return Backoff(self.backoff_s, max_s=self.max_backoff_s, attempts=self.attempts)
 
 
 @dataclass(frozen=True)
@@ -133,23 +134,28 @@ class TransferClient:
             self._ucxx = None
             UCX.release()
 
-    async def _with_retries(self, key: str, attempt: Callable[[int], Awaitable[T]]) -> T:
+    async def _with_retries(self, key: str, once: Callable[[int], Awaitable[T]]) -> T:
         self.stats.transfers += 1
-        for number in range(1, self.policy.attempts + 1):
-            try:
-                async with asyncio.timeout(self.policy.attempt_timeout_s):
-                    return await attempt(number)
-            except TimeoutError:
-                error: TransferError = TransferTimeout(f"KV {key!r}: attempt {number} timed out")
-            except RETRYABLE_ERRORS as retryable:
-                error = retryable
-            if number == self.policy.attempts:
-                self.stats.failures += 1
-                raise TransferFailed(key, number, error) from error
-            self.stats.retries += 1
-            self.stats.retried_errors.append(type(error).__name__)
-            await asyncio.sleep(self.policy.backoff(number))
+        number = 0
+        try:
+            async for attempt in retrying(
+                self.policy.backoff, on=RETRYABLE_ERRORS, before_sleep=self._retried
+            ):
+                with attempt:
+                    number = attempt.retry_state.attempt_number
+                    try:
+                        async with asyncio.timeout(self.policy.attempt_timeout_s):
+                            return await once(number)
+                    except TimeoutError:
+                        raise TransferTimeout(f"KV {key!r}: attempt {number} timed out") from None
+        except RETRYABLE_ERRORS as error:
+            self.stats.failures += 1
+            raise TransferFailed(key, number, error) from error
         raise AssertionError("unreachable")
+
+    def _retried(self, state: RetryCallState) -> None:
+        self.stats.retries += 1
+        self.stats.retried_errors.append(type(retry_error(state)).__name__)
 
     async def _pull_once(
         self, peer: PeerAddress, key: str, destination: _Destination, attempt: int

@@ -31,6 +31,7 @@ from alignedserve.bus.messages import (
     WorkerHeartbeat,
     WorkerState,
 )
+from alignedserve.core.liveness import Liveness
 from alignedserve.service.entry import run_service
 from alignedserve.service.logs import get_logger
 from alignedserve.service.worker import WorkerRuntime
@@ -63,8 +64,8 @@ class Batcher:
         self.runtime = runtime
         self.metrics = metrics
         self.core = build_core(settings)
-        self._prefill_seen: dict[str, float] = {}  # prefill worker id -> monotonic time of last READY beat
-        self._decode_seen: dict[str, float] = {}  # decode worker id -> monotonic time of its last beat
+        # prefill workers to stage on, decode workers to plan for (heard at time.monotonic())
+        self.workers: Liveness[ServiceKind] = Liveness()
 
     async def on_batcher_topic(self, message: Message, _delivery: Delivery) -> None:
         started = time.perf_counter()
@@ -92,27 +93,21 @@ class Batcher:
             self._on_heartbeat(message)
 
     def _on_heartbeat(self, beat: WorkerHeartbeat) -> None:
+        if beat.kind is ServiceKind.DECODE and beat.state in (WorkerState.DRAINING, WorkerState.STOPPED):
+            self.workers.forget(beat.worker_id)  # planned for no more, from now on
+            self.core.forget_worker(beat.worker_id)
+        elif beat.kind in (ServiceKind.PREFILL, ServiceKind.DECODE):
+            self.workers.heard(beat, time.monotonic())
         if beat.kind is ServiceKind.PREFILL:
-            if beat.state is WorkerState.READY:
-                self._prefill_seen[beat.worker_id] = time.monotonic()
-            else:
-                self._prefill_seen.pop(beat.worker_id, None)
             self._refresh_staging()
-        elif beat.kind is ServiceKind.DECODE:
-            if beat.state in (WorkerState.DRAINING, WorkerState.STOPPED):
-                self._decode_seen.pop(beat.worker_id, None)
-                self.core.forget_worker(beat.worker_id)
-            else:
-                self._decode_seen[beat.worker_id] = time.monotonic()
 
     def _refresh_staging(self) -> None:
-        horizon = time.monotonic() - self.settings.worker_timeout_s
-        live = [w for w, seen in self._prefill_seen.items() if seen >= horizon]
-        self.core.set_staging_workers(live)
-        for worker_id in [w for w, seen in self._decode_seen.items() if seen < horizon]:
+        now, timeout_s = time.monotonic(), self.settings.worker_timeout_s
+        self.core.set_staging_workers(self.workers.live(ServiceKind.PREFILL, now, timeout_s))
+        for worker_id in self.workers.silent(now, timeout_s, ServiceKind.DECODE):
             # killed without a STOPPED beat: plan nothing more for it (its gateway moves its requests)
             log.warning("decode_worker_silent", worker_id=worker_id)
-            del self._decode_seen[worker_id]
+            self.workers.forget(worker_id)
             self.core.forget_worker(worker_id)
 
     async def _publish(self, plans: list[BatchPlan]) -> None:

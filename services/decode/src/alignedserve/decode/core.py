@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from alignedserve.batching.types import IterationState, ScheduledRequest, blocks_for
+from alignedserve.batching.types import IterationState, ScheduledRequest
 from alignedserve.bus import topics
 from alignedserve.bus.messages import (
     BatchPlan,
@@ -33,6 +33,7 @@ from alignedserve.bus.messages import (
     TopLogprobs,
 )
 from alignedserve.bus.seen import SeenIds
+from alignedserve.core.blocks import blocks_for
 
 GONE_MEMORY = 200_000  # finished / cancelled request ids remembered, so a late plan cannot revive one
 RECENT_TOKENS = 32  # RequestState.recent_token_ids holds at most this many

@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 
 from alignedserve.bus import Bus
 from alignedserve.bus.messages import Message
+from alignedserve.core.retry import Backoff, RetryCallState, retry_error, retry_wait_s, retrying
 from alignedserve.decode.core import Publish
 from alignedserve.service.logs import get_logger
 
 log = get_logger("alignedserve.decode")
 
-BACKOFF_S = 0.05
-MAX_BACKOFF_S = 2.0
+PUBLISH_BACKOFF = Backoff(0.05, max_s=2.0)  # doubling, and no limit on the tries
 
 
 class OrderedPublisher:
@@ -58,14 +58,11 @@ class OrderedPublisher:
     async def _send(self, topic: str, message: Message) -> None:
         """Until the broker takes it: a lost TokenBatch would leave a client waiting forever, so a broker
         that is restarting or starved delays the stream (in order) rather than dropping from it."""
-        delay = BACKOFF_S
-        while True:
-            try:
+
+        def retry(state: RetryCallState) -> None:
+            error, delay = repr(retry_error(state)), retry_wait_s(state)
+            log.warning("publish_retry", topic=topic, type=message.TYPE, error=error, retry_in_s=delay)
+
+        async for attempt in retrying(PUBLISH_BACKOFF, before_sleep=retry):
+            with attempt:
                 await self.bus.publish(topic, message)
-                return
-            except Exception as exc:
-                log.warning(
-                    "publish_retry", topic=topic, type=message.TYPE, error=repr(exc), retry_in_s=delay
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_BACKOFF_S)

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import Gauge
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from alignedserve.engine.sampling import SamplingParams
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.gateway.backend import (
     BackendError,
     GenerationBackend,

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from alignedserve.engine.sampling import SamplingParams
+from alignedserve.core.sampling import SamplingParams
 
 # Finish reasons a backend reports. "abort": cancelled or failed; the gateway never shows it as a
 # successful finish (a cancelled client is gone; a failed request becomes a 500 / an error event).

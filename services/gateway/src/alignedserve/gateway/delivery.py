@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from sse_starlette import EventSourceResponse
 from starlette.types import Receive, Scope, Send
 
 from alignedserve.gateway.backend import BackendError
@@ -122,12 +122,21 @@ async def sse_events(
     yield SSE_DONE
 
 
-class SSEResponse(StreamingResponse):
-    """SSE that always closes its generations: cancels in the backend when the client went away."""
+class SSEResponse(EventSourceResponse):
+    """SSE as OpenAI streams it, and always closing its generations: cancels in the backend when the
+    client went away.
+
+    sse-starlette writes each yielded string (one line of compact JSON, or [DONE]) as `data: <it>` and a
+    blank line, with "\n" line ends (its default is "\r\n"); no `event:` or `id:` fields. Every `PING_S`
+    it also sends a `: ping - <time>` comment, which SSE clients skip and which keeps proxies from closing
+    a stream that waits in a queue.
+    """
+
+    PING_S = 15
 
     def __init__(self, events: AsyncIterator[str], generations: list[Generation]) -> None:
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of tokens
-        super().__init__(events, media_type="text/event-stream", headers=headers)
+        # sse-starlette adds `X-Accel-Buffering: no` (no proxy buffering of tokens) itself
+        super().__init__(events, headers={"Cache-Control": "no-cache"}, sep="\n", ping=self.PING_S)
         self._events = events
         self._generations = generations
 

@@ -1,5 +1,8 @@
 """`EngineBackend`: an in-process LLMEngine behind the gateway (`alignedserve gateway --backend engine`).
 
+The one gateway module that imports the engine (and so torch): `main` imports it only for this backend,
+which needs the `alignedserve-gateway[engine]` extra.
+
 The engine is synchronous and compute-bound, so it runs on its own thread: the event loop only enqueues
 commands (add / abort) and receives per-step outputs. The thread loops: apply queued commands, run one
 `engine.step()`, hand each request's new tokens to its asyncio queue; with nothing to do it blocks on
@@ -16,6 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from alignedserve.core.config import ConfigError
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.request import RequestError, RequestOutput
@@ -29,6 +33,7 @@ from alignedserve.gateway.backend import (
     TokenDelta,
     TokenLogprob,
 )
+from alignedserve.gateway.config import GatewaySettings
 from alignedserve.gateway.tokenizer import PromptTokenizer, eos_token_ids
 from alignedserve.service.logs import get_logger
 
@@ -50,6 +55,21 @@ class _Abort:
 
 class _Stop:
     pass
+
+
+def engine_config(settings: GatewaySettings) -> EngineConfig:
+    """The engine's config from the gateway's flags; ConfigError names what is wrong."""
+    try:
+        return EngineConfig(
+            model=settings.model,
+            device=settings.device,
+            dtype=settings.dtype,
+            num_blocks=settings.num_kv_blocks,
+            max_num_seqs=settings.max_num_seqs,
+            max_model_len=settings.max_model_len,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"invalid engine configuration: {exc}") from None
 
 
 class EngineBackend:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from alignedserve.core.config import ConfigError
-from alignedserve.engine.loader import ModelLoadError
+from alignedserve.core.config import ConfigError, settings_or_exit_code
+from alignedserve.core.models import ModelLoadError
 from alignedserve.gateway.app import create_app
 from alignedserve.gateway.backend import GenerationBackend
 from alignedserve.gateway.config import GatewaySettings
@@ -23,16 +23,10 @@ from alignedserve.service.logs import configure_logging, get_logger
 log = get_logger("alignedserve.gateway")
 
 
-def parse_settings(argv: list[str]) -> GatewaySettings:
-    return GatewaySettings.from_argv(argv, prog="alignedserve gateway", description=__doc__)
-
-
 def main(argv: list[str]) -> int:
-    try:
-        settings = parse_settings(argv)
-    except ConfigError as exc:
-        print(f"alignedserve gateway: {exc}", file=sys.stderr)
-        return 2
+    settings = settings_or_exit_code(GatewaySettings, argv, "alignedserve gateway", __doc__)
+    if isinstance(settings, int):  # bad config (2) or --check-config (0)
+        return settings
     configure_logging("gateway", settings.log_level, settings.log_format)
     try:
         return asyncio.run(serve(settings))
@@ -69,21 +63,15 @@ async def build_backend(settings: GatewaySettings) -> tuple[GenerationBackend, P
 
 
 async def _engine_backend(settings: GatewaySettings) -> tuple[GenerationBackend, PromptTokenizer]:
-    from alignedserve.engine.config import EngineConfig
-    from alignedserve.gateway.engine_backend import EngineBackend
-
+    # Imported here, only for this backend: it brings the engine and torch (the `engine` extra).
     try:
-        config = EngineConfig(
-            model=settings.model,
-            device=settings.device,
-            dtype=settings.dtype,
-            num_blocks=settings.num_kv_blocks,
-            max_num_seqs=settings.max_num_seqs,
-            max_model_len=settings.max_model_len,
-        )
-    except ValueError as exc:
-        raise ConfigError(f"invalid engine configuration: {exc}") from None
-    backend = EngineBackend(config)
+        from alignedserve.gateway.engine_backend import EngineBackend, engine_config
+    except ImportError as exc:
+        raise ConfigError(
+            f"--backend engine needs the engine (pip install 'alignedserve-gateway[engine]'): {exc}"
+        ) from None
+
+    backend = EngineBackend(engine_config(settings))
     await backend.start()
     return backend, backend.prompt_tokenizer()
 

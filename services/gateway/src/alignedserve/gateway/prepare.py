@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from alignedserve.engine.sampling import SamplingParams
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.gateway.errors import APIError, bad_request
 from alignedserve.gateway.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from alignedserve.gateway.tokenizer import PromptTokenizer

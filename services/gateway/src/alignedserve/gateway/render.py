@@ -27,11 +27,12 @@ from alignedserve.gateway.protocol import (
 from alignedserve.gateway.textstream import OutputChunk
 from alignedserve.gateway.tokenizer import PromptTokenizer
 
-SSE_DONE = "data: [DONE]\n\n"
+SSE_DONE = "[DONE]"  # the data of a stream's last event
 
 
 def sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    """The data of one SSE event, compact JSON; `delivery.SSEResponse` frames it (`data: ...`, blank line)."""
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
 
 
 def _finish(chunk: OutputChunk) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from alignedserve.engine.stopping import StopChecker
+from alignedserve.core.stopping import StopChecker
 from alignedserve.gateway.backend import (
     FINISH_ABORT,
     BackendError,

@@ -1,7 +1,8 @@
 """The gateway's tokenizer: prompts and chat messages to token ids, with the model's own chat template.
 
-Loaded offline from the same source the engine loads (`alignedserve.engine.loader.resolve`): for a GGUF
-model the tokenizer and its chat template come from the GGUF metadata.
+Loaded offline, without torch, from the same source the engine loads (`alignedserve.core.models.resolve`):
+for a GGUF model the tokenizer and its chat template come from the GGUF metadata (`gguf_tokenizer.py`,
+converted once and cached), for an HF directory from its tokenizer files and config.json.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
-from alignedserve.engine.loader import ModelLoadError, resolve
+from alignedserve.core.models import ModelLoadError, cache_root, resolve
+from alignedserve.gateway.gguf_tokenizer import load_gguf_tokenizer
 
 
 @dataclass(frozen=True)
@@ -52,12 +55,19 @@ class PromptTokenizer:
 def load_prompt_tokenizer(model: str, tokenizer: str | None, max_model_len: int | None) -> PromptTokenizer:
     """Load offline; `max_model_len` None takes the model's context length from its config."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoConfig, AutoTokenizer
-
     source = resolve(tokenizer or model)
-    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-    hf_tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
-    config = AutoConfig.from_pretrained(source.path, **kwargs)
+    if source.gguf_file is not None:
+        gguf = load_gguf_tokenizer(source.path / source.gguf_file, cache_root())
+        hf_tokenizer: Any = gguf.tokenizer
+        # what the gateway reads of a config; transformers builds a GGUF's config only with torch
+        config: Any = SimpleNamespace(
+            max_position_embeddings=gguf.context_length, eos_token_id=gguf.eos_token_id
+        )
+    else:
+        from transformers import AutoConfig, AutoTokenizer
+
+        hf_tokenizer = AutoTokenizer.from_pretrained(source.path)
+        config = AutoConfig.from_pretrained(source.path)
     context = max_model_len or _context_length(config)
     if context is None:
         raise ModelLoadError(f"cannot tell the context length of {model!r}; pass --max-model-len")

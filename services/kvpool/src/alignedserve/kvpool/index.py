@@ -32,6 +32,7 @@ from alignedserve.bus.messages import (
     new_message_id,
 )
 from alignedserve.bus.seen import SeenIds
+from alignedserve.core.liveness import Heard, Liveness
 
 PLANNED_MEMORY = 200_000  # planned request ids remembered (a plan may overtake its announcement on Kafka)
 
@@ -41,7 +42,7 @@ class PoolIndex:
         self.worker_id = worker_id
         self._announced: dict[str, KvReady] = {}
         self._planned = SeenIds(planned_memory)
-        self._batchers: dict[str, float] = {}  # batcher worker id -> started_at of its latest incarnation
+        self._batchers: Liveness[ServiceKind] = Liveness()  # batcher incarnations heard of
 
     def __len__(self) -> int:
         return len(self._announced)
@@ -74,10 +75,8 @@ class PoolIndex:
         this pool has not seen (a first batcher, or one restarted); nothing otherwise."""
         if beat.kind is not ServiceKind.BATCHER or beat.state is WorkerState.STOPPED:
             return []
-        seen = self._batchers.get(beat.worker_id)
-        if seen is not None and beat.started_at <= seen:
+        if self._batchers.heard(beat, now) not in (Heard.FIRST, Heard.RESTARTED):
             return []  # the incarnation it knows (or a late beat of an older one)
-        self._batchers[beat.worker_id] = beat.started_at
         return self.reannouncements(held, now)
 
     def reannouncements(self, held: Container[str], now: float) -> list[KvReady]:

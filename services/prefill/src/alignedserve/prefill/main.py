@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry
 
 from alignedserve.bus import topics
 from alignedserve.bus.messages import ServiceKind
+from alignedserve.core.models import ModelLoadError
 from alignedserve.engine.engine import LLMEngine
-from alignedserve.engine.loader import ModelLoadError
 from alignedserve.prefill.config import PrefillSettings
 from alignedserve.prefill.metrics import PrefillMetrics
 from alignedserve.prefill.worker import PrefillWorker

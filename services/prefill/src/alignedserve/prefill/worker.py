@@ -1,4 +1,4 @@
-"""The prefill worker's jobs around its engine: prompts to first tokens, KV to the pool, batch staging.
+"""The prefill worker's loop at the I/O edge of `PrefillCore`: bus messages, engine calls, KV moves.
 
 1. Prompts (PREFILL topic, group `prefill`) queue here; one loop prefills what is queued in one engine
    call (up to `max_prefill_tokens`), sends each first token to its gateway, and hands every unfinished
@@ -7,123 +7,44 @@
 2. Staging (its `stage` topic): for a `BatchPlan` it pulls each request's KV from where it is into its
    candidate buffers and tells the decode worker (`PrefetchDone`); decode workers pull from there, and
    push evicted requests' KV into its candidate request buffer.
+The decisions are the core's (core.py), the UCX side is kv_io.py; the engine runs in a thread, so the
+bus and the heartbeat keep going during a forward pass.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
-from collections import defaultdict, deque
-from dataclasses import dataclass
 
-from alignedserve.batching.types import blocks_for
-from alignedserve.bus import Delivery, SeenIds, topics
+from alignedserve.bus import Delivery
 from alignedserve.bus.messages import (
     BatchPlan,
     Cancel,
-    FinishReason,
     KvLocation,
-    KvReady,
     Message,
     PlannedRequest,
-    PrefetchDone,
     PrefillRequest,
-    PromptScore,
     RequestFinished,
-    RequestState,
-    ServiceKind,
-    TokenBatch,
-    TokenEntry,
-    TopLogprobs,
     WorkerHeartbeat,
-    WorkerState,
-    new_message_id,
 )
+from alignedserve.core.retry import Backoff, retrying
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.kv_envelope import KvEnvelope
 from alignedserve.engine.kv_export import KvExport
-from alignedserve.engine.request import RequestError, RequestOutput, TokenLogprob
+from alignedserve.engine.request import RequestError
 from alignedserve.prefill.config import PrefillSettings
+from alignedserve.prefill.core import PrefillCore, Prefilled, Publish, Stage, hand_back
+from alignedserve.prefill.kv_io import PrefillKv
 from alignedserve.prefill.metrics import PrefillMetrics
 from alignedserve.service.logs import get_logger
 from alignedserve.service.sampling import to_params
 from alignedserve.service.worker import WorkerRuntime
-from alignedserve.transfer import (
-    DestinationError,
-    DestinationFactory,
-    PeerAddress,
-    PushRejected,
-    TransferEndpoint,
-    TransferError,
-)
-from alignedserve.transfer.kv_store import PoolFull, StoreSink
+from alignedserve.transfer import PushRejected, TransferEndpoint, TransferError
+from alignedserve.transfer.kv_store import StoreSink
 
 log = get_logger("alignedserve.prefill")
-RECENT_TOKENS = 32  # output tokens a RequestState carries (the full history rides with the KV)
 POOL_RETRY_MAX_S = 2.0
-
-
-@dataclass(frozen=True)
-class Prefilled:
-    request: PrefillRequest
-    output: RequestOutput
-    export: KvExport | None  # None: the request ended at its first token
-
-
-def take_batch(queue: deque[PrefillRequest], max_tokens: int, max_seqs: int) -> list[PrefillRequest]:
-    """The oldest queued prompts up to the token budget (always at least one: the engine chunks it)."""
-    batch = [queue.popleft()]
-    tokens = len(batch[0].prompt_token_ids)
-    while queue and len(batch) < max_seqs and tokens + len(queue[0].prompt_token_ids) <= max_tokens:
-        tokens += len(queue[0].prompt_token_ids)
-        batch.append(queue.popleft())
-    return batch
-
-
-def first_tokens(worker_id: str, iteration: int, done: list[Prefilled]) -> dict[str, TokenBatch]:
-    """One TokenBatch per gateway with every first token of this prefill (output position 0)."""
-    entries: dict[str, list[TokenEntry]] = defaultdict(list)
-    scores: dict[str, list[PromptScore]] = defaultdict(list)
-    for item in done:
-        entries[item.request.gateway_id].append(first_entry(item.output))
-        if item.output.prompt_logprobs is not None:
-            scores[item.request.gateway_id].append(
-                prompt_score(item.output.request_id, item.output.prompt_logprobs)
-            )
-    return {
-        gw: TokenBatch(
-            worker_id=worker_id, iteration=iteration, entries=tuple(e), prompt_scores=tuple(scores[gw])
-        )
-        for gw, e in entries.items()
-    }
-
-
-def first_entry(out: RequestOutput) -> TokenEntry:
-    logprobs = out.logprobs
-    return TokenEntry(
-        request_id=out.request_id,
-        first_index=0,
-        token_ids=tuple(out.output_token_ids),
-        finish_reason=FinishReason(out.finish_reason) if out.finished and out.finish_reason else None,
-        logprobs=None if logprobs is None else tuple(lp.logprob for lp in logprobs),
-        top_logprobs=None if logprobs is None else tuple(top_alternatives(lp) for lp in logprobs),
-    )
-
-
-def prompt_score(request_id: str, prompt: list[TokenLogprob]) -> PromptScore:
-    return PromptScore(
-        request_id=request_id,
-        logprobs=tuple(lp.logprob for lp in prompt),
-        top_logprobs=tuple(top_alternatives(lp) for lp in prompt),
-    )
-
-
-def top_alternatives(logprob: TokenLogprob) -> TopLogprobs:
-    return TopLogprobs(
-        token_ids=tuple(token for token, _ in logprob.top),
-        logprobs=tuple(value for _, value in logprob.top),
-    )
+POOL_WAIT_S = 0.05  # poll for a kvpool's address (its heartbeat carries it)
 
 
 class PrefillWorker:
@@ -139,63 +60,57 @@ class PrefillWorker:
         self.settings = settings
         self.runtime = runtime
         self.engine = engine
-        self.endpoint = endpoint
-        self.staging_sink = staging_sink  # candidate buffers: staged batches and evicted requests
         self.metrics = metrics
-        self.queue: deque[PrefillRequest] = deque()
-        self.cancelled = SeenIds(100_000)
-        self.taken = SeenIds(100_000)  # request ids queued here before
-        staging_sink.cancelled = self.cancelled  # a push of an ended request is not kept
-        self.pool: PeerAddress | None = None
-        self.pool_id = ""
+        self.core = PrefillCore(
+            runtime.worker_id,
+            settings.block_size,
+            settings.max_prefill_tokens,
+            settings.max_num_seqs,
+            settings.max_queue,
+        )
+        self.kv = PrefillKv(runtime.worker_id, endpoint, staging_sink)
+        staging_sink.cancelled = self.core.ended  # a push of an ended request is not kept
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
-        self._iteration = 0
         self._holding_drain = False  # the queue counts as in-flight work while it is not empty
+
+    async def _publish(self, messages: list[Publish]) -> None:
+        for topic, message in messages:
+            await self.runtime.bus.publish(topic, message)
 
     # --- prompts ---------------------------------------------------------------------------------------
 
     async def on_prompt(self, message: Message, _delivery: Delivery) -> None:
-        if not isinstance(message, PrefillRequest) or message.request_id in self.cancelled:
-            return
-        if message.request_id in self.taken:  # re-published or redelivered: prefilled once only
-            return
+        if not isinstance(message, PrefillRequest) or not self.core.is_new(message):
+            return  # ended, or re-published / redelivered: prefilled once only
         await self._room.wait()  # a full queue stops consumption: other prefill workers take the prompts
         if self.runtime.drain.draining:  # acknowledged here, so hand it to another worker
-            await self.runtime.bus.publish(topics.PREFILL, handed_back(message))
+            await self._publish([hand_back(message, time.time())])
             return
-        self.taken.add(message.request_id)
+        self.core.take(message)
         self._hold_drain()
-        self.queue.append(message)
-        self.metrics.queued.set(len(self.queue))
-        if len(self.queue) >= self.settings.max_queue:
+        self.metrics.queued.set(len(self.core.queue))
+        if self.core.full:
             self._room.clear()
         self._wake.set()
 
     async def prefill_loop(self) -> None:
         while True:
-            while not self.queue:
+            while not self.core.queue:
                 self._wake.clear()
                 await self._wake.wait()
-            while self.queue:
-                if self.runtime.drain.draining:
-                    await self._hand_back_queue()
+            while self.core.queue:
+                if self.runtime.drain.draining:  # prompts not started go to the other prefill workers
+                    await self._publish(self.core.hand_back_queue(time.time()))
+                    self.metrics.queued.set(0)
+                    log.info("prefill_queue_handed_back")
                     break
-                batch = take_batch(self.queue, self.settings.max_prefill_tokens, self.settings.max_num_seqs)
-                self.metrics.queued.set(len(self.queue))
+                batch = self.core.next_batch()
+                self.metrics.queued.set(len(self.core.queue))
                 self._room.set()
                 await self._prefill(batch)
             self._release_drain()
-
-    async def _hand_back_queue(self) -> None:
-        """Draining: prompts not started yet go back on the bus for the other prefill workers."""
-        while self.queue:
-            request = self.queue.popleft()
-            self.taken.discard(request.request_id)
-            await self.runtime.bus.publish(topics.PREFILL, handed_back(request))
-        self.metrics.queued.set(0)
-        log.info("prefill_queue_handed_back")
 
     def _hold_drain(self) -> None:
         """Queued prompts are acknowledged on the bus already: a drain waits until they are prefilled."""
@@ -210,7 +125,11 @@ class PrefillWorker:
 
     async def _prefill(self, batch: list[PrefillRequest]) -> None:
         started = time.perf_counter()
-        accepted = await self._admit(batch)
+        refusals = {r.request_id: why for r in batch if (why := self._refusal(r)) is not None}
+        admission = self.core.admit(batch, self.engine.num_free_blocks(), refusals)
+        for request, why in admission.refused:
+            await self._fail(request, why)
+        accepted = admission.accepted
         if not accepted:
             return
         try:
@@ -223,111 +142,76 @@ class PrefillWorker:
             return
         self.metrics.prefill_seconds.observe(time.perf_counter() - started)
         self.metrics.prompt_tokens.inc(sum(len(r.prompt_token_ids) for r in accepted))
-        self._iteration += 1
-        for gateway_id, tokens in first_tokens(self.runtime.worker_id, self._iteration, done).items():
-            await self.runtime.bus.publish(topics.tokens(gateway_id), tokens)
+        await self._publish(self.core.first_tokens(done))
         await asyncio.gather(*(self._hand_off(item) for item in done))
 
-    def _run_engine(self, accepted: list[PrefillRequest]) -> list[Prefilled]:
+    def _refusal(self, request: PrefillRequest) -> str | None:
+        """Why the engine would refuse the request (too long, bad ids or sampling); None: it takes it."""
+        try:
+            self.engine.check_request(list(request.prompt_token_ids), to_params(request.sampling))
+        except (RequestError, ValueError) as exc:
+            return str(exc)
+        return None
+
+    def _run_engine(self, accepted: list[PrefillRequest]) -> list[Prefilled[KvExport]]:
         """One batched prefill, then every unfinished request's KV copied out and its blocks freed
         (the export owns the bytes), so the next batch has the whole cache. Runs in a thread."""
         outputs = self.engine.prefill(
             [(r.request_id, list(r.prompt_token_ids), to_params(r.sampling)) for r in accepted]
         )
-        done = []
+        done: list[Prefilled[KvExport]] = []
         for request, output in zip(accepted, outputs, strict=True):
             export = None if output.finished else self.engine.export_kv(request.request_id)
             self.engine.free(request.request_id)
             done.append(Prefilled(request, output, export))
         return done
 
-    async def _admit(self, batch: list[PrefillRequest]) -> list[PrefillRequest]:
-        """Requests the engine refuses (too long, bad ids) fail alone; those that do not fit the free
-        KV blocks together go back to the queue's front; the rest prefill together."""
-        accepted: list[PrefillRequest] = []
-        deferred: list[PrefillRequest] = []
-        free_blocks = self.engine.num_free_blocks()
-        for request in batch:
-            if request.request_id in self.cancelled:
-                continue
-            try:
-                self.engine.check_request(list(request.prompt_token_ids), to_params(request.sampling))
-            except (RequestError, ValueError) as exc:
-                await self._fail(request, str(exc))
-                continue
-            need = blocks_for(len(request.prompt_token_ids) + 1, self.settings.block_size)
-            if accepted and need > free_blocks:
-                deferred.append(request)
-                continue
-            free_blocks -= need
-            accepted.append(request)
-        self.queue.extendleft(reversed(deferred))
-        return accepted
-
-    async def _hand_off(self, item: Prefilled) -> None:
-        request, output, export = item.request, item.output, item.export
-        rid = request.request_id
-        if export is None or rid in self.cancelled:
-            reason = FinishReason(output.finish_reason) if output.finish_reason else FinishReason.ABORT
-            await self._finished(request, reason, len(output.output_token_ids))
+    async def _hand_off(self, item: Prefilled[KvExport]) -> None:
+        export = item.export
+        if export is None or not self.core.hands_off(item):
+            await self._publish(self.core.ended_at_prefill(item))
             return
+        request, output = item.request, item.output
         envelope = KvEnvelope(export.header, request.prompt_token_ids, tuple(output.output_token_ids))
         try:
-            location = await self._push_to_pool(rid, envelope.to_bytes(), export)
-        except TransferError as exc:
+            location = await self._push_to_pool(request.request_id, envelope.to_bytes(), export)
+        except (TransferError, ValueError) as exc:
             await self._fail(request, f"KV hand-off to the pool failed: {exc}")
             return
         if location is None:  # cancelled while the pool was full
             return
-        ready = KvReady(
-            request_id=rid,
-            prefix_len=export.header.num_tokens,
-            blocks=blocks_for(export.header.num_tokens, self.settings.block_size),
-            location=location,
-            state=request_state(request, output.output_token_ids),
-            arrival=time.time(),
-        )
-        await self.runtime.bus.publish(topics.BATCHER, ready)
+        await self._publish(self.core.kv_ready(item, export.header.num_tokens, location, time.time()))
 
-    async def _push_to_pool(self, rid: str, header: bytes, export: KvExport) -> KvLocation | None:
+    async def _push_to_pool(self, rid: str, envelope: bytes, export: KvExport) -> KvLocation | None:
         """Push until the pool takes it: a full pool is backpressure (wait, retry), never a failure.
         None when the request is cancelled meanwhile."""
-        delay = self.settings.pool_retry_s
-        while rid not in self.cancelled:
-            pool, pool_id = await self._pool_address()
-            try:
-                await self.endpoint.push(pool, rid, header, export.payload, checksum=export.header.checksum)
-                return KvLocation(worker_id=pool_id, kind=ServiceKind.KVPOOL, ucx_address_key=pool.to_wire())
-            except PushRejected as exc:
-                if self.runtime.drain.draining:  # no time left to wait for room
-                    raise PushRejected(f"{exc} (the prefill worker is draining)") from exc
-                self.metrics.pool_full_waits.inc()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, POOL_RETRY_MAX_S)
+        backoff = Backoff(self.settings.pool_retry_s, max_s=POOL_RETRY_MAX_S)
+        try:
+            pushes = retrying(
+                backoff,
+                on=PushRejected,
+                give_up=lambda: self.runtime.drain.draining,  # no time left to wait for room
+                before_sleep=lambda _: self.metrics.pool_full_waits.inc(),
+            )
+            async for attempt in pushes:
+                with attempt:
+                    if rid in self.core.ended:
+                        return None
+                    pool = await self._pool()
+                    await self.kv.push(pool, rid, envelope, export)
+                    return pool
+        except PushRejected as exc:
+            raise PushRejected(f"{exc} (the prefill worker is draining)") from exc
         return None
 
-    async def _pool_address(self) -> tuple[PeerAddress, str]:
-        while self.pool is None:
-            await asyncio.sleep(0.05)  # the kvpool's heartbeat carries its address
-        return self.pool, self.pool_id
-
-    async def _finished(
-        self, request: PrefillRequest, reason: FinishReason, completion: int, error: str = ""
-    ) -> None:
-        done = RequestFinished(
-            request_id=request.request_id,
-            worker_id=self.runtime.worker_id,
-            finish_reason=reason,
-            prompt_tokens=len(request.prompt_token_ids),
-            completion_tokens=completion,
-            error=error,
-        )
-        await self.runtime.bus.publish(topics.tokens(request.gateway_id), done)
-        await self.runtime.bus.publish(topics.EVENTS, done)
+    async def _pool(self) -> KvLocation:
+        while self.core.pool is None:
+            await asyncio.sleep(POOL_WAIT_S)
+        return self.core.pool
 
     async def _fail(self, request: PrefillRequest, error: str) -> None:
         log.warning("prefill_failed", request_id=request.request_id, error=error)
-        await self._finished(request, FinishReason.ERROR, 0, error)
+        await self._publish(self.core.failed(request, error))
 
     # --- staging (candidate buffers) -------------------------------------------------------------------
 
@@ -335,94 +219,22 @@ class PrefillWorker:
         if not isinstance(message, BatchPlan):
             return
         with self.runtime.drain.track():
-            results = await asyncio.gather(*(self._stage(p) for p in message.requests))
-        ready = tuple(p.request_id for p, ok in zip(message.requests, results, strict=True) if ok)
-        failed = tuple(p.request_id for p, ok in zip(message.requests, results, strict=True) if not ok)
-        done = PrefetchDone(
-            batch_id=message.batch_id,
-            staging_worker_id=self.runtime.worker_id,
-            decode_worker_id=message.decode_worker_id,
-            buffer=message.buffer,
-            ready=ready,
-            failed=failed,
-            location=self.location(),
-        )
-        self.metrics.staged.inc(len(ready))
-        await self.runtime.bus.publish(topics.decode(message.decode_worker_id), done)
-        await self.runtime.bus.publish(topics.BATCHER, done)
+            staged = await asyncio.gather(*(self._stage(p) for p in message.requests))
+        self.metrics.staged.inc(sum(staged))
+        await self._publish(self.core.prefetch_done(message, staged, self.kv.location()))
 
     async def _stage(self, planned: PlannedRequest) -> bool:
         """Pull one request's KV into the candidate buffer (served to decode, released after its pull)."""
-        rid = planned.request_id
-        if rid in self.cancelled:
-            return False
-        if planned.location.worker_id == self.runtime.worker_id:
-            return rid in self.endpoint.registry  # already here (an evicted request pushed back to us)
-        try:
-            pulled = await self.endpoint.pull(
-                PeerAddress.from_wire(planned.location.ucx_address_key), rid, self._staging_buffer(rid)
-            )
-        except (TransferError, ValueError) as exc:
-            self._discard_staged(rid)
-            log.warning("stage_failed", request_id=rid, error=str(exc))
-            return False
-        if rid in self.cancelled:  # cancelled while it arrived
-            self._discard_staged(rid)
-            return False
-        self.staging_sink.commit(rid, pulled.header, pulled.buffer)
-        return True
-
-    def _staging_buffer(self, rid: str) -> DestinationFactory:
-        """Room in the candidate buffer for the pulled payload; a full buffer refuses the pull cleanly
-        (DestinationError: the client drains the offered bytes, so the holder's entry is unpinned)."""
-
-        def allocate(header: bytes, nbytes: int) -> bytearray:
-            try:
-                buffer: bytearray = self.staging_sink.store.reserve(rid, header, nbytes)
-            except PoolFull as exc:
-                raise DestinationError(f"staging buffer full: {exc}") from exc
-            return buffer
-
-        return allocate
-
-    def _discard_staged(self, rid: str) -> None:
-        if rid not in self.endpoint.registry:
-            self.staging_sink.store.release(rid)
-
-    def location(self) -> KvLocation:
-        return KvLocation(
-            worker_id=self.runtime.worker_id,
-            kind=ServiceKind.PREFILL,
-            ucx_address_key=self.endpoint.address.to_wire(),
-        )
+        action = self.core.stage(planned)
+        if action is Stage.HERE:
+            return self.kv.holds(planned.request_id)
+        return action is Stage.PULL and await self.kv.pull(planned, self.core.ended)
 
     # --- events ----------------------------------------------------------------------------------------
 
     async def on_event(self, message: Message) -> None:
         if isinstance(message, Cancel | RequestFinished):
-            self.cancelled.add(message.request_id)
-            self.endpoint.registry.drop(message.request_id)
-        elif (
-            isinstance(message, WorkerHeartbeat)
-            and message.kind is ServiceKind.KVPOOL
-            and message.ucx_address
-            and message.state is not WorkerState.STOPPED
-        ):
-            self.pool = PeerAddress.from_wire(message.ucx_address)
-            self.pool_id = message.worker_id
-
-
-def request_state(request: PrefillRequest, output_token_ids: list[int]) -> RequestState:
-    return RequestState(
-        gateway_id=request.gateway_id,
-        sampling=request.sampling,
-        prompt_len=len(request.prompt_token_ids),
-        output_len=len(output_token_ids),
-        recent_token_ids=tuple(output_token_ids[-RECENT_TOKENS:]),
-    )
-
-
-def handed_back(request: PrefillRequest) -> PrefillRequest:
-    """The same prompt as a new bus message (a fresh message id: consumers that saw the old one
-    would drop it as a duplicate)."""
-    return dataclasses.replace(request, message_id=new_message_id(), created_at=time.time())
+            self.core.end(message.request_id)
+            self.kv.drop(message.request_id)
+        elif isinstance(message, WorkerHeartbeat):
+            self.core.on_heartbeat(message)

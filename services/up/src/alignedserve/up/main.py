@@ -7,7 +7,6 @@ prints the URL, and on Ctrl-C (or SIGTERM) drains and stops them in reverse orde
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -21,6 +20,8 @@ from types import FrameType
 from urllib.parse import urlsplit
 
 from alignedserve.bus import embedded
+from alignedserve.core.config import settings_or_exit_code
+from alignedserve.up.config import UpSettings
 
 # Engines on one machine's cores: OpenMP threads that spin while they wait for work take the cores from
 # the other engine. Beside a prefill loop, a decode step took 3.1x its time alone with libgomp's default
@@ -31,22 +32,6 @@ READY_TIMEOUT_S = 600.0  # first start converts the GGUF weights once; later sta
 STOP_TIMEOUT_S = 30.0
 
 
-@dataclass(frozen=True)
-class UpConfig:
-    host: str
-    port: int
-    bus: str | None  # None: Redis on 127.0.0.1:6379, started if absent
-    policy: str
-    prefetch: bool
-    prefill: int
-    decode: int
-    model: str
-    device: str
-    dtype: str
-    metrics_base_port: int
-    log_dir: Path
-
-
 @dataclass
 class Child:
     name: str
@@ -55,33 +40,12 @@ class Child:
     log_path: Path
 
 
-def parse_args(argv: list[str]) -> UpConfig:
-    p = argparse.ArgumentParser(prog="alignedserve up", description=__doc__)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
-    p.add_argument(
-        "--bus", default=None, help="redis://HOST:PORT/DB or kafka://HOST:PORT (default: local Redis)"
-    )
-    p.add_argument("--policy", default="aligned", choices=["aligned", "fcfs", "window"])
-    p.add_argument("--prefetch", default="on", choices=["on", "off"])
-    p.add_argument("--prefill", type=int, default=1, help="prefill workers")
-    p.add_argument("--decode", type=int, default=1, help="decode workers")
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--metrics-base-port", type=int, default=9100, help="first port of the workers' /metrics")
-    p.add_argument("--log-dir", type=Path, default=Path("var/log"))
-    a = p.parse_args(argv)
-    if a.prefill < 1 or a.decode < 1:
-        p.error("--prefill and --decode need at least 1 worker each")
-    return UpConfig(
-        host=a.host, port=a.port, bus=a.bus, policy=a.policy, prefetch=a.prefetch == "on",
-        prefill=a.prefill, decode=a.decode, model=a.model, device=a.device, dtype=a.dtype,
-        metrics_base_port=a.metrics_base_port, log_dir=a.log_dir,
-    )  # fmt: skip
+def parse_args(argv: list[str]) -> UpSettings:
+    """Raises ConfigError for a bad value; `main` turns that into exit code 2."""
+    return UpSettings.from_argv(argv, prog="alignedserve up", description=__doc__)
 
 
-def service_commands(cfg: UpConfig, bus_url: str) -> list[tuple[str, int, list[str]]]:
+def service_commands(cfg: UpSettings, bus_url: str) -> list[tuple[str, int, list[str]]]:
     """(name, health port, argv) for every service, in start order."""
     common = ["--bus", bus_url, "--model", cfg.model]
     engine = ["--device", cfg.device, "--dtype", cfg.dtype]
@@ -93,7 +57,7 @@ def service_commands(cfg: UpConfig, bus_url: str) -> list[tuple[str, int, list[s
         out.append((name, p, [kind, "--worker-id", name, "--metrics-port", str(p), *common, *extra]))
 
     add("kvpool-0", "kvpool", [])
-    add("batcher-0", "batcher", ["--policy", cfg.policy, "--prefetch", "on" if cfg.prefetch else "off"])
+    add("batcher-0", "batcher", ["--policy", cfg.policy, "--prefetch", cfg.prefetch])
     for i in range(cfg.prefill):
         add(f"prefill-{i}", "prefill", engine)
     for i in range(cfg.decode):
@@ -117,7 +81,7 @@ def ensure_broker(bus: str | None) -> tuple[embedded.EmbeddedBroker | None, str]
     return embedded.ensure_redis(parts.port or embedded.DEFAULT_PORTS["redis"]), url
 
 
-def engine_env(cfg: UpConfig, argv: list[str]) -> dict[str, str]:
+def engine_env(cfg: UpSettings, argv: list[str]) -> dict[str, str]:
     """What an engine process on this machine's CPU needs beside the others; what the user exported
     wins (e.g. OMP_WAIT_POLICY=ACTIVE for a single worker with the cores to itself)."""
     if argv[0] not in ENGINE_SERVICES or cfg.device != "cpu":
@@ -177,7 +141,9 @@ def stop_all(children: list[Child]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    cfg = parse_args(argv)
+    cfg = settings_or_exit_code(UpSettings, argv, "alignedserve up", __doc__)
+    if isinstance(cfg, int):  # bad config (2) or --check-config (0)
+        return cfg
     broker, bus_url = ensure_broker(cfg.bus)
     children: list[Child] = []
     stopping = False

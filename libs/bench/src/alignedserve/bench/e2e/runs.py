@@ -11,10 +11,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from alignedserve.core.workloads.build import WorkloadConfig
 from alignedserve.loadgen.client import ClientSettings
 from alignedserve.loadgen.runner import BenchmarkConfig, BenchmarkResult, run_benchmark
 from alignedserve.loadgen.tokenizer import load_tokenizer
-from alignedserve.loadgen.workload import WorkloadConfig
 
 TOKENIZER = "smollm2"  # every target serves SmolLM2-135M-Instruct
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 from alignedserve.bench.stats import DecodeRate, rate_from_gaps
 from alignedserve.core.blocks import blocks_for
+from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.kv_export import KvExport
 from alignedserve.engine.loader import LoadedModel
-from alignedserve.engine.sampling import SamplingParams
 from alignedserve.engine.timing import IterationTiming
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from alignedserve.engine.detokenizer import IncrementalDetokenizer, TokenDecoder
-from alignedserve.engine.sampling import SamplingParams
+from alignedserve.core.detokenizer import IncrementalDetokenizer, TokenDecoder
+from alignedserve.core.sampling import SamplingParams
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"

