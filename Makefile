@@ -14,7 +14,7 @@ DIST           ?= dist
 # the workspace: one distribution per folder that has a pyproject.toml (docs/architecture.md)
 MEMBERS := $(patsubst %/pyproject.toml,%,$(wildcard libs/*/pyproject.toml services/*/pyproject.toml loadgen/pyproject.toml))
 
-.PHONY: setup dist run test unit lint typecheck bench bench-e2e bench-peers clean redis
+.PHONY: setup dist run test unit lint typecheck bench bench-e2e bench-peers clean redis deploy-tools locks gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -52,8 +52,50 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
 
-test: setup redis lint typecheck
+test: setup redis lint typecheck deploy-tools
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+# Tools of tests/deploy that cannot live in .venv itself: checkov pins packaging<24 (hatchling needs a newer
+# one), so it gets a venv of its own; promtool comes from Debian's `prometheus` package, unpacked (no daemon,
+# no service). Without apt, tests/deploy parses the rules with promql-parser and skips the firing tests.
+TOOLS    := $(VENV)/tools
+CHECKOV  := $(TOOLS)/checkov/bin/checkov
+PROMTOOL := $(TOOLS)/bin/promtool
+
+deploy-tools: $(CHECKOV) $(PROMTOOL)
+
+$(CHECKOV):
+	$(PYTHON) -m venv $(TOOLS)/checkov
+	$(TOOLS)/checkov/bin/pip install --quiet --disable-pip-version-check checkov==3.3.30
+
+$(PROMTOOL):
+	mkdir -p $(TOOLS)/bin $(TOOLS)/deb
+	-command -v apt-get >/dev/null && cd $(TOOLS)/deb \
+	  && { apt-get download prometheus 2>/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get download prometheus; }; } \
+	  && dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/promtool ../bin/promtool
+	rm -rf $(TOOLS)/deb
+
+# The images' lock files (docker/locks/, docker/README.md): resolved by uv for each image's platform.
+locks: setup
+	$(BIN)/python docker/locks/compile.py
+
+# The GPU check (docs/gpu.md): one script, one JSON object, from the source tree on the Python and torch it
+# finds (no setup on a GPU machine; missing small wheels come from var/gpu-wheels, filled by gpu-wheels).
+# DEVICE=cpu runs it on a tiny model (tests/integration/bench runs that in `make test`).
+DEVICE         ?= cuda
+GPU_PYTHON     ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_WHEELS     := msgpack xxhash sortedcontainers tenacity pydantic pydantic-core annotated-types \
+                  typing-inspection pydantic-settings python-dotenv gguf pytest pluggy iniconfig hypothesis \
+                  pytest-asyncio pytest-timeout
+
+gpu-check:
+	$(GPU_PYTHON) libs/bench/run_gpu_check.py --device $(DEVICE)
+
+gpu-wheels:
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any \
+	  --dest var/gpu-wheels $(GPU_WHEELS)
+	du -sh var/gpu-wheels
 
 bench: setup
 	$(BIN)/alignedserve bench batching --json

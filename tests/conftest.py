@@ -16,6 +16,11 @@ import pytest
 
 from alignedserve.bus.embedded import redis_answers, start_kafka, start_redis
 
+# Without a GPU, Triton kernels run in Triton's interpreter on CPU tensors. Triton fixes its mode when
+# first imported (transformers imports it), so it is chosen here, before any test module loads.
+if not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # test-speed group settings: the defaults (6 s session, 30 s reclaim idle) suit production
 KAFKA_TEST_OPTIONS = "session_timeout_ms=1000&heartbeat_interval_ms=200&rebalance_timeout_ms=1000&poll_ms=100"

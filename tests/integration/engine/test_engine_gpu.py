@@ -25,13 +25,21 @@ def on_cuda(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("attention", ["auto", "padded", "per_sequence"])
+@pytest.mark.parametrize(
+    ("backend", "attention"),
+    [("auto", "auto"), ("torch", "auto"), ("torch", "padded"), ("torch", "per_sequence")],
+)
 def test_cuda_engine_matches_transformers_on_cuda(
-    tiny_llama: PreTrainedModel, dtype: str, attention: str
+    tiny_llama: PreTrainedModel, dtype: str, backend: str, attention: str
 ) -> None:
+    """ "auto" is the Triton paged kernel on CUDA; "torch" keeps the SDPA groupings."""
     model = on_cuda(tiny_llama, getattr(torch, dtype))
     prompts = mixed_prompts(20, model.config.vocab_size, long_lengths=[500, 1200], seed=21)
-    engine = tiny_engine(model, device="cuda", dtype=dtype, attention=attention, max_prefill_tokens=512)
+    engine = tiny_engine(
+        model, device="cuda", dtype=dtype, decode_backend=backend, attention=attention, max_prefill_tokens=512
+    )
+    expected = "triton" if backend == "auto" else "torch"
+    assert engine.runner.decode_backend.name == expected
     params = SamplingParams(max_tokens=5, temperature=0.0)
     outputs = engine.generate(prompts, params)
     reference = hf_greedy(model, prompts, params.max_tokens)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from alignedserve.bench.calibrate import read_samples
-from alignedserve.sim.cli import main
+from alignedserve.core.cli import main as alignedserve
 from alignedserve.sim.cpu_model import load_cpu_model
 
 
@@ -17,7 +17,7 @@ def test_calibrate_measures_the_engine_and_writes_model_and_samples(
     out, samples = tmp_path / "cpu.json", tmp_path / "samples.jsonl"
     argv = ["calibrate", "--batches", "1,2", "--prefixes", "16,40", "--mixed", "1x16+1x40"]
     argv += ["--prompts", "16,40,2x8", "--repeats", "1", "--threads", "1"]
-    assert main([*argv, "--out", str(out), "--write-samples", str(samples)]) == 0
+    assert alignedserve(["sim", *argv, "--out", str(out), "--write-samples", str(samples)]) == 0
     assert "decode fit: R²" in capsys.readouterr().err
     decode, prefill = read_samples(samples)
     # a fresh batch runs one warm-up iteration, then the timed one attends over prefix + 2 tokens

@@ -1,6 +1,6 @@
-"""The gateway's torch-free GGUF tokenizer (`gguf_tokenizer.py`) against transformers' own GGUF path (which
-needs torch): the same metadata, token ids, chat rendering, decoding, special tokens and limits for the
-packaged SmolLM2, on a first start (converted) and later ones (from the cache), and in a process where
+"""The gateway's torch-free GGUF tokenizer (`alignedserve.tokenizer`) against transformers' own GGUF path
+(which needs torch): the same metadata, token ids, chat rendering, decoding, special tokens and limits for
+the packaged SmolLM2, on a first start (converted) and later ones (from the cache), and in a process where
 torch is not installed."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import pytest
 from transformers import AutoConfig, AutoTokenizer
 
 from alignedserve.core.models import resolve
-from alignedserve.gateway.gguf_tokenizer import TOKENIZER_ARRAYS, read_metadata
 from alignedserve.gateway.tokenizer import PromptTokenizer, eos_token_ids, load_prompt_tokenizer
+from alignedserve.tokenizer.gguf import TOKENIZER_ARRAYS
+from alignedserve.tokenizer.gguf_metadata import read_metadata
 
 WITHOUT_TORCH = Path(__file__).parents[2] / "support" / "without_torch"  # its sitecustomize hides torch
 TEXTS = [
@@ -68,7 +69,7 @@ def test_metadata_reader_matches_transformers() -> None:
 def test_converted_and_cached_tokenizers_match_transformers(
     reference: PromptTokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ALIGNEDSERVE_CACHE", str(tmp_path))
+    monkeypatch.setenv("ALIGNEDSERVE_CACHE_DIR", str(tmp_path))
     converted = load_prompt_tokenizer("smollm2", tokenizer=None, max_model_len=None)
     assert [p.name for p in (tmp_path / "gguf-tokenizers").iterdir() if not p.name.startswith(".")]
     cached = load_prompt_tokenizer("smollm2", tokenizer=None, max_model_len=None)
@@ -92,7 +93,7 @@ def test_loads_where_torch_is_not_installed(reference: PromptTokenizer, tmp_path
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(WITHOUT_TORCH), os.environ.get("PYTHONPATH")])),
-        "ALIGNEDSERVE_CACHE": str(tmp_path),  # an empty cache: the conversion itself runs without torch
+        "ALIGNEDSERVE_CACHE_DIR": str(tmp_path),  # an empty cache: the conversion itself runs without torch
         "HF_HUB_OFFLINE": "1",
     }
     done = subprocess.run(

@@ -27,7 +27,9 @@ READY_TIMEOUT_S = 600.0  # first start may dequantize the GGUF; a loaded 2-core 
 
 def _env() -> dict[str, str]:
     env = {
-        k: v for k, v in os.environ.items() if not k.startswith("ALIGNEDSERVE_") or k == "ALIGNEDSERVE_CACHE"
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("ALIGNEDSERVE_") or k == "ALIGNEDSERVE_CACHE_DIR"
     }
     return {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 

@@ -57,7 +57,9 @@ def flush_db(url: str) -> None:
 
 def service_env() -> dict[str, str]:
     env = {
-        k: v for k, v in os.environ.items() if not k.startswith("ALIGNEDSERVE_") or k == "ALIGNEDSERVE_CACHE"
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("ALIGNEDSERVE_") or k == "ALIGNEDSERVE_CACHE_DIR"
     }
     return {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 

@@ -30,13 +30,13 @@ def _never(_: torch.Tensor) -> object:
 
 
 def test_an_answer_on_disk_is_used_without_measuring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ALIGNEDSERVE_CACHE", str(tmp_path))
+    monkeypatch.setenv("ALIGNEDSERVE_CACHE_DIR", str(tmp_path))
     lc.cache_path().write_text(json.dumps({"k": 16}), encoding="utf-8")
     assert lc.min_packed_rows("k", [(_never, _never, 4)]) == 16
 
 
 def test_the_first_answer_stored_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ALIGNEDSERVE_CACHE", str(tmp_path / "new"))
+    monkeypatch.setenv("ALIGNEDSERVE_CACHE_DIR", str(tmp_path / "new"))
     path = lc.cache_path()
     assert lc._store(path, "k", 8) == 8
     assert lc._store(path, "k", 2) == 8  # a process that measured later takes the stored answer
@@ -48,7 +48,7 @@ def test_the_first_answer_stored_wins(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_measuring_real_kernels_gives_a_measured_count(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ALIGNEDSERVE_CACHE", str(tmp_path))
+    monkeypatch.setenv("ALIGNEDSERVE_CACHE_DIR", str(tmp_path))
     weight = torch.randn(32, 16)
     fast = torch.nn.functional.linear
     answer = lc.min_packed_rows("k", [(lambda x: fast(x, weight), lambda x: fast(x, weight), 16)])

@@ -54,17 +54,20 @@ def test_a_tokenizer_without_chat_template_is_refused(smollm2: Any) -> None:
 def test_gguf_tokenizer_is_cached_as_a_plain_directory(
     smollm2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from transformers import AutoTokenizer
+    from alignedserve.loadgen.tokenizer import load_tokenizer
+    from alignedserve.tokenizer import gguf as gguf_tokenizer
 
-    from alignedserve.loadgen.tokenizer import _load_gguf, packaged_gguf
-
+    load = load_tokenizer.__wrapped__  # past the per-process cache: each call loads
     monkeypatch.setenv("ALIGNEDSERVE_CACHE_DIR", str(tmp_path))
-    gguf = packaged_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
-    (tmp_path / "tokenizers").mkdir()
-    smollm2.save_pretrained(
-        str(tmp_path / "tokenizers" / f"{gguf.stem}-{gguf.stat().st_size}-{gguf.stat().st_mtime_ns}")
-    )
-    cached = _load_gguf(AutoTokenizer, gguf)  # from the cache: no GGUF parse
+    load("smollm2")  # the first load converts the GGUF and saves the result
+    [saved] = [p for p in (tmp_path / "gguf-tokenizers").iterdir() if not p.name.startswith(".")]
+    assert (saved / "tokenizer.json").is_file()
+
+    def no_parse(*args: object) -> None:
+        raise AssertionError("a cached tokenizer must not parse the GGUF again")
+
+    monkeypatch.setattr(gguf_tokenizer, "read_metadata", no_parse)
+    cached = load("smollm2")  # from the cache: no GGUF parse
     text = "the cat <|im_start|> sat"
     assert cached(text)["input_ids"] == smollm2(text)["input_ids"]
     assert cached.chat_template == smollm2.chat_template

@@ -51,6 +51,17 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def _first_line(path: str) -> str:
+    try:
+        lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {e.strerror}") from e
+    key = next((line for line in lines if line), "")
+    if not key:
+        raise argparse.ArgumentTypeError(f"{path} holds no key")
+    return key
+
+
 def _add_target_args(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("endpoint")
     target.add_argument("--endpoint", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
@@ -80,6 +91,13 @@ def _add_target_args(parser: argparse.ArgumentParser) -> None:
     )
     target.add_argument(
         "--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default: $OPENAI_API_KEY)"
+    )
+    target.add_argument(
+        "--api-key-file",
+        type=_first_line,
+        dest="api_key",
+        metavar="PATH",
+        help="read the bearer token from the first line of PATH (e.g. a mounted Kubernetes Secret)",
     )
     target.add_argument(
         "--tokenizer", help="tokenizer directory, .gguf file, or 'smollm2' (default: from --model)"

@@ -4,9 +4,10 @@
 packaged SmolLM2-135M-Instruct GGUF). Without it, the model name is tried as such an alias and then as a
 locally cached tokenizer. Nothing is downloaded: the hub is forced offline.
 
-Reading a tokenizer out of a GGUF file parses the whole file (seconds); the result is saved once as a
-plain tokenizer directory under the cache (`$ALIGNEDSERVE_CACHE_DIR`, default `~/.cache/alignedserve`),
-keyed by the file's name, size and mtime, and loaded from there afterwards (under a second).
+A GGUF's tokenizer is read without torch (the load generator's image has none) by `alignedserve.tokenizer`:
+converted once and cached as a plain tokenizer directory under the cache
+(`alignedserve.core.models.cache_root()`: `$ALIGNEDSERVE_CACHE_DIR`, default `~/.cache/alignedserve`),
+the same cache the gateway uses, and loaded from there afterwards.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from alignedserve.core.models import SMOLLM2_GGUF, ModelLoadError
+from alignedserve.tokenizer.gguf import load_gguf_tokenizer
+
 ALIASES = {"smollm2": SMOLLM2_GGUF}
 
 
@@ -39,64 +40,31 @@ def packaged_gguf(file_name: str) -> Path:
     return path
 
 
-def _resolve(spec: str) -> tuple[str, str | None]:
-    """(directory or hub id, gguf file name or None)."""
+def _gguf_file(spec: str) -> Path | None:
+    """The GGUF file `spec` names (an alias or a .gguf path); None for a tokenizer directory or hub id."""
     alias = ALIASES.get(spec.lower())
     if alias is not None:
-        gguf = packaged_gguf(alias)
-        return str(gguf.parent), gguf.name
+        return packaged_gguf(alias)
     path = Path(spec)
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise TokenizerNotFound(f"no GGUF file at {path}")
-        return str(path.parent), path.name
-    return spec, None
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("ALIGNEDSERVE_CACHE_DIR") or Path.home() / ".cache" / "alignedserve")
-
-
-def _gguf_cache_dir(gguf: Path) -> Path:
-    stat = gguf.stat()
-    return cache_root() / "tokenizers" / f"{gguf.stem}-{stat.st_size}-{stat.st_mtime_ns}"
-
-
-def _save_to_cache(tokenizer: Any, cached: Path) -> None:
-    """Best effort: a read-only home (a locked-down container) just means no cache."""
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=cached.parent))
-    except OSError:
-        return
-    try:
-        tokenizer.save_pretrained(str(staging))
-        staging.rename(cached)  # atomic: a concurrent loader sees all of it or none
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _load_gguf(auto: Any, gguf: Path) -> Any:
-    cached = _gguf_cache_dir(gguf)
-    if (cached / "tokenizer.json").is_file():
-        return auto.from_pretrained(str(cached), local_files_only=True)
-    tokenizer = auto.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    _save_to_cache(tokenizer, cached)
-    return tokenizer
+    if path.suffix != ".gguf":
+        return None
+    if not path.is_file():
+        raise TokenizerNotFound(f"no GGUF file at {path}")
+    return path
 
 
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(spec: str) -> Any:
     """A transformers tokenizer (also cached per process)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer  # heavy import: only when prompts are built
-
-    where, gguf_file = _resolve(spec)
+    gguf = _gguf_file(spec)
     try:
-        if gguf_file is not None:
-            return _load_gguf(AutoTokenizer, Path(where) / gguf_file)
-        return AutoTokenizer.from_pretrained(where, local_files_only=True)
-    except (OSError, ValueError) as e:
+        if gguf is not None:
+            return load_gguf_tokenizer(gguf).tokenizer
+        from transformers import AutoTokenizer  # heavy import: only when prompts are built
+
+        return AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    except (OSError, ValueError, ModelLoadError) as e:
         raise TokenizerNotFound(
             f"cannot load a tokenizer from {spec!r} ({e}); pass --tokenizer with a tokenizer directory, "
             f"a .gguf file, or one of: {', '.join(ALIASES)}"

@@ -9,6 +9,12 @@ After each decode iteration:
   3. else admit, with the room left: from the candidate request buffer (requests that belong with the
      running batch) those that fit, each with its own next-token block; only if that buffer is empty,
      from the candidate batch buffer (this starts a batch switch). At most `max_batch` run.
+Beyond the paper: with `growth_reserve` g > 0 an admission must also leave g blocks per request then
+running free (one block covers the next `block_size` iterations of a request's growth). At the memory
+limit the paper's rule admits a request as soon as it fits, the batch's growth then overflows within a
+few iterations and step 2 evicts the longest, often the request just admitted, back and forth — two KV
+transfers each time, and the evicted request makes no progress. The reserve is waived for the first
+request into an empty worker, so anything that fits a worker can always run.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ def _check(state: IterationState) -> None:
         )
     if state.max_batch is not None and state.max_batch < 1:
         raise ValueError(f"max_batch must be >= 1 or None, got {state.max_batch}")
+    if state.growth_reserve < 0:
+        raise ValueError(f"growth_reserve must be >= 0, got {state.growth_reserve}")
     running = [r.request_id for r in state.running]
     everyone = running + [r.request_id for r in (*state.candidate_requests, *state.candidate_batch)]
     if len(set(everyone)) != len(everyone):
@@ -49,7 +57,7 @@ def _victim(running: list[ScheduledRequest]) -> ScheduledRequest:
 
 
 def _admit(
-    source: tuple[ScheduledRequest, ...], room: int, slots: int, block_size: int
+    source: tuple[ScheduledRequest, ...], room: int, slots: int, block_size: int, reserve: _Reserve
 ) -> tuple[list[ScheduledRequest], int]:
     """Buffer order, skipping those that do not fit; returns the admitted and the room left."""
     admitted: list[ScheduledRequest] = []
@@ -57,10 +65,25 @@ def _admit(
         if len(admitted) == slots:
             break
         cost = request.blocks + next_token_blocks(request, block_size)
-        if cost <= room:
+        if cost + reserve.after(len(admitted) + 1) <= room:
             admitted.append(request)
             room -= cost
     return admitted, room
+
+
+class _Reserve:
+    """Blocks an admission must leave free: `per_request` for every request then running, none for the
+    first request into an empty worker."""
+
+    __slots__ = ("per_request", "running")
+
+    def __init__(self, per_request: int, running: int) -> None:
+        self.per_request, self.running = per_request, running
+
+    def after(self, admitted: int) -> int:
+        """The reserve once `admitted` candidates have joined the running ones."""
+        total = self.running + admitted
+        return 0 if total <= 1 else self.per_request * total
 
 
 def plan_iteration(state: IterationState) -> IterationPlan:
@@ -85,11 +108,12 @@ def plan_iteration(state: IterationState) -> IterationPlan:
     slots = len(state.running) + len(state.candidate_requests) + len(state.candidate_batch)
     if state.max_batch is not None:
         slots = max(0, state.max_batch - len(running))
+    reserve = _Reserve(state.growth_reserve, len(running))
     if state.candidate_requests:  # case 1: requests that belong with the running batch
-        admitted, room = _admit(state.candidate_requests, free - need, slots, bs)
+        admitted, room = _admit(state.candidate_requests, free - need, slots, bs, reserve)
         source = "requests"
     else:  # case 2: the next batch (a batch switch while the current one still runs)
-        admitted, room = _admit(state.candidate_batch, free - need, slots, bs)
+        admitted, room = _admit(state.candidate_batch, free - need, slots, bs, reserve)
         source = "batch"
     batch_ids = {r.batch_id for r in running} | {r.batch_id for r in admitted}
     return IterationPlan(

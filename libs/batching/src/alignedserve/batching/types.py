@@ -83,6 +83,10 @@ class IterationState:
     candidate_batch: tuple[ScheduledRequest, ...]  # the next batch, prefetched
     block_size: int
     max_batch: int | None = None  # cap on running requests (None: only blocks limit)
+    # blocks per running request an admission must leave free beyond the next token (0: the paper's rule,
+    # admit whatever fits now). 1 covers the next `block_size` iterations of growth, so a request is not
+    # admitted only to be evicted again a few iterations later (scheduler.py, docs/batching.md)
+    growth_reserve: int = 0
 
 
 @dataclass(frozen=True, slots=True)

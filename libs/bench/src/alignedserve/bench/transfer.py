@@ -4,7 +4,13 @@ A holder process serves one payload per size twice: through a TransferEndpoint (
 chunked payload into the destination, xxh3-64 verify, done) and through a bare ucxx listener that answers
 an 8-byte request with one tagged send of the same bytes. The measuring process alternates the two,
 same sizes, same destination buffer, same UCX context, and reports medians:
-{"cases": [{"bytes", "raw_gbps", "kv_gbps", "ratio"}, ...]}.
+{"cases": [{"bytes", "raw_gbps", "kv_gbps", "ratio", "copy_gbps"}, ...], "ucx": {...}}.
+
+`--device cuda[:N]` puts both processes' buffers in device memory (torch uint8 tensors, which UCX sees
+through `__cuda_array_interface__`): the GPU check's KV-over-UCX figure. `copy_gbps` is a plain copy of
+the same bytes within the measuring process (device to device, or host memcpy): payload bytes per
+second, like the transfer figures. "ucx" is what the UCX context activated (`transfer.negotiation`) and
+the bytes the KV client moved by memory type.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import statistics
+import sys
 import time
 from multiprocessing.connection import Connection as Pipe
 from typing import Any
@@ -21,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from alignedserve.transfer.address import PeerAddress
+from alignedserve.transfer.buffers import byte_view
 from alignedserve.transfer.endpoint import TransferEndpoint
+from alignedserve.transfer.negotiation import negotiation
 from alignedserve.transfer.runtime import UCX
 from alignedserve.transfer.server import DEFAULT_CHUNK_BYTES
 
@@ -34,6 +44,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sizes-mb", default="1,16,64", help="comma-separated payload sizes in MiB")
     parser.add_argument("--repeats", type=int, default=7, help="timed transfers per size and method")
     parser.add_argument("--chunk-mb", type=float, default=DEFAULT_CHUNK_BYTES / (1 << 20))
+    parser.add_argument("--device", default="cpu", help="cpu (host buffers) or cuda[:N] (device buffers)")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     return parser.parse_args(argv)
 
@@ -46,11 +57,11 @@ def main(argv: list[str]) -> int:
         raise SystemExit("sizes, repeats and chunk size must be positive")
     context = multiprocessing.get_context("spawn")
     parent_end, child_end = context.Pipe()
-    holder = context.Process(target=_hold, args=(sizes, chunk_bytes, child_end), daemon=True)
+    holder = context.Process(target=_hold, args=(sizes, chunk_bytes, child_end, args.device), daemon=True)
     holder.start()
     try:
         kv_port, raw_port = parent_end.recv()
-        result = asyncio.run(_measure(sizes, args.repeats, chunk_bytes, kv_port, raw_port))
+        result = asyncio.run(_measure(sizes, args.repeats, chunk_bytes, kv_port, raw_port, args.device))
     finally:
         holder.kill()
         holder.join()
@@ -64,13 +75,44 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _hold(sizes: list[int], chunk_bytes: int, pipe: Pipe) -> None:
-    asyncio.run(_serve(sizes, chunk_bytes, pipe))
+def _buffer(nbytes: int, device: str, seed: int | None = None) -> Any:
+    """[nbytes] uint8: numpy in host memory, a torch tensor on a device; random bytes when seeded."""
+    if device == "cpu":
+        if seed is None:
+            return np.empty(nbytes, np.uint8)
+        return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+    import torch
+
+    if seed is None:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device, generator=generator)
 
 
-async def _serve(sizes: list[int], chunk_bytes: int, pipe: Pipe) -> None:
+def _copy_gbps(nbytes: int, device: str, repeats: int) -> float:
+    """A plain copy of the same bytes in this process: payload bytes per second (median)."""
+    source, target = _buffer(nbytes, device, seed=1), _buffer(nbytes, device)
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        if device == "cpu":
+            np.copyto(target, source)
+        else:
+            import torch
+
+            target.copy_(source)
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return round(nbytes / statistics.median(times[1:]) / 1e9, 3)
+
+
+def _hold(sizes: list[int], chunk_bytes: int, pipe: Pipe, device: str = "cpu") -> None:
+    asyncio.run(_serve(sizes, chunk_bytes, pipe, device))
+
+
+async def _serve(sizes: list[int], chunk_bytes: int, pipe: Pipe, device: str) -> None:
     endpoint = TransferEndpoint(chunk_bytes=chunk_bytes)
-    payloads = {n: np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8) for n in sizes}
+    payloads = {n: _buffer(n, device, seed=n) for n in sizes}
     for n, payload in payloads.items():
         endpoint.registry.publish(f"bench/{n}", b"bench", payload, release_after_pull=False)
     address = await endpoint.start()
@@ -81,7 +123,7 @@ async def _serve(sizes: list[int], chunk_bytes: int, pipe: Pipe) -> None:
         try:
             while True:
                 await ucx_endpoint.recv(request, tag=RAW_REQUEST_TAG)
-                await ucx_endpoint.send(payloads[int(request[0])], tag=RAW_PAYLOAD_TAG)
+                await ucx_endpoint.send(byte_view(payloads[int(request[0])]).array, tag=RAW_PAYLOAD_TAG)
         except Exception:  # the measuring side closed its endpoint: done
             return
 
@@ -91,7 +133,7 @@ async def _serve(sizes: list[int], chunk_bytes: int, pipe: Pipe) -> None:
 
 
 async def _measure(
-    sizes: list[int], repeats: int, chunk_bytes: int, kv_port: int, raw_port: int
+    sizes: list[int], repeats: int, chunk_bytes: int, kv_port: int, raw_port: int, device: str = "cpu"
 ) -> dict[str, Any]:
     peer = PeerAddress("127.0.0.1", kv_port)
     endpoint = TransferEndpoint(chunk_bytes=chunk_bytes)
@@ -100,13 +142,13 @@ async def _measure(
     cases = []
     try:
         for nbytes in sizes:
-            destination = np.empty(nbytes, np.uint8)
+            destination = _buffer(nbytes, device)
 
-            async def raw_once(n: int = nbytes, into: np.ndarray[Any, Any] = destination) -> None:
+            async def raw_once(n: int = nbytes, into: Any = destination) -> None:
                 await raw.send(np.array([n], np.uint64), tag=RAW_REQUEST_TAG)
-                await raw.recv(into, tag=RAW_PAYLOAD_TAG)
+                await raw.recv(byte_view(into, writable=True).array, tag=RAW_PAYLOAD_TAG)
 
-            async def kv_once(n: int = nbytes, into: np.ndarray[Any, Any] = destination) -> None:
+            async def kv_once(n: int = nbytes, into: Any = destination) -> None:
                 await endpoint.pull(peer, f"bench/{n}", into)
 
             raw_s, kv_s = await _alternate(raw_once, kv_once, repeats)
@@ -116,13 +158,22 @@ async def _measure(
                     "raw_gbps": round(nbytes / raw_s / 1e9, 3),
                     "kv_gbps": round(nbytes / kv_s / 1e9, 3),
                     "ratio": round(raw_s / kv_s, 3),
+                    "copy_gbps": _copy_gbps(nbytes, device, repeats),
                 }
             )
     finally:
         await raw.close()
         await endpoint.close()
         UCX.release()
-    return {"cases": cases, "repeats": repeats, "chunk_bytes": chunk_bytes, "transport": _transports(ucxx)}
+    memory = {f"{d}:{m}": n for (d, m), n in endpoint.client.stats.bytes_by_memory.items()}
+    return {
+        "device": device,
+        "cases": cases,
+        "repeats": repeats,
+        "chunk_bytes": chunk_bytes,
+        "transport": _transports(ucxx),
+        "ucx": {**negotiation(ucxx).describe(), "kv_bytes_by_memory": memory},
+    }
 
 
 async def _alternate(raw_once: Any, kv_once: Any, repeats: int) -> tuple[float, float]:
@@ -142,3 +193,10 @@ async def _alternate(raw_once: Any, kv_once: Any, repeats: int) -> tuple[float, 
 
 def _transports(ucxx: Any) -> list[str]:
     return sorted(ucxx.get_active_transports())
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    # ucxx's notifier thread outlives the UCX reset here and would keep the interpreter from exiting
+    os._exit(code)

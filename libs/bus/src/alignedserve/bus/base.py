@@ -51,6 +51,8 @@ class ConsumerOptions:
     start: Literal["earliest", "latest"] = "earliest"  # where a new group starts reading
     dedup_capacity: int = 100_000  # message ids remembered per subscription (0: no de-dup)
     drain_timeout_s: float = 10.0  # stop(): how long an in-flight handler may take to finish
+    # called with each handled message's lag (created_at -> handler start, seconds): a service's metrics
+    observe_lag: Callable[[float], None] | None = None
 
 
 @dataclass(slots=True)
@@ -126,6 +128,8 @@ class Dispatcher:
         await self.dead_letter(delivery.topic, payload, error)
 
     def _record_lag(self, lag_s: float) -> None:
+        if self.options.observe_lag is not None:
+            self.options.observe_lag(lag_s)
         lags = self.stats.lag_s
         lags.append(lag_s)
         if len(lags) > 1024:

@@ -8,6 +8,12 @@ Messages with the same `routing_key()` (request id, worker id) go to one partiti
 
 URL: ``kafka://host:port[,host:port]?partitions=8&session_timeout_ms=6000&heartbeat_interval_ms=1000
 &rebalance_timeout_ms=6000&poll_ms=500&fetch_max_wait_ms=25`` — a test broker wants ~1 s session/rebalance timeouts.
+
+TLS and SASL, for a broker that asks for them: ``security_protocol=SSL|SASL_PLAINTEXT|SASL_SSL``,
+``sasl_mechanism=PLAIN|SCRAM-SHA-256|SCRAM-SHA-512``, ``sasl_username=NAME``, ``sasl_password_file=PATH``
+(the password is read from that file, e.g. a mounted Kubernetes Secret, so it never appears in the URL,
+in logs or in ``--check-config``), ``ssl_cafile=PATH`` (the broker's CA; default: the system's),
+``ssl_certfile=PATH`` and ``ssl_keyfile=PATH`` (a client certificate, for mutual TLS).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -29,6 +37,7 @@ from aiokafka.errors import (
     KafkaError,
     TopicAlreadyExistsError,
 )
+from aiokafka.helpers import create_ssl_context
 
 from alignedserve.bus import topics as topic_names
 from alignedserve.bus.base import (
@@ -62,26 +71,85 @@ class KafkaOptions:
     fetch_max_wait_ms: int = 25
 
 
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSecurity:
+    """How the clients authenticate and encrypt; every value but the password file's is passed to aiokafka."""
+
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str = "PLAIN"
+    sasl_username: str = ""
+    sasl_password_file: str = ""
+    ssl_cafile: str = ""
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+
+    def __post_init__(self) -> None:
+        if self.security_protocol not in SECURITY_PROTOCOLS:
+            raise ValueError(
+                f"security_protocol must be one of {SECURITY_PROTOCOLS}: {self.security_protocol!r}"
+            )
+        if self.sasl_mechanism not in SASL_MECHANISMS:
+            raise ValueError(f"sasl_mechanism must be one of {SASL_MECHANISMS}: {self.sasl_mechanism!r}")
+        if self.security_protocol.startswith("SASL") and not (self.sasl_username and self.sasl_password_file):
+            raise ValueError(
+                f"security_protocol={self.security_protocol} needs sasl_username and sasl_password_file"
+            )
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ValueError("ssl_certfile and ssl_keyfile go together (a client certificate and its key)")
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of every aiokafka client (producer, consumer, admin); reads the password file."""
+        kwargs: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.security_protocol.startswith("SASL"):
+            password = Path(self.sasl_password_file).read_text(encoding="utf-8").strip()
+            kwargs.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=password,
+            )
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            kwargs["ssl_context"] = create_ssl_context(
+                cafile=self.ssl_cafile or None,
+                certfile=self.ssl_certfile or None,
+                keyfile=self.ssl_keyfile or None,
+            )
+        return kwargs
+
+
 def parse_url(url: str) -> tuple[str, KafkaOptions]:
     """kafka://h1:p1,h2:p2?opt=... -> ("h1:p1,h2:p2", options)."""
+    bootstrap, options, _ = parse_url_security(url)
+    return bootstrap, options
+
+
+def parse_url_security(url: str) -> tuple[str, KafkaOptions, KafkaSecurity]:
+    """kafka://h1:p1,h2:p2?opt=... -> ("h1:p1,h2:p2", options, security); ValueError names what is wrong."""
     parts = urlsplit(url)
     if parts.scheme != "kafka" or not parts.netloc:
         raise ValueError(f"not a Kafka bus URL (kafka://host:port): {url!r}")
-    known = {f.name for f in fields(KafkaOptions)}
+    numbers = {f.name for f in fields(KafkaOptions)}
+    words = {f.name for f in fields(KafkaSecurity)}
     query = parse_qsl(parts.query)
-    unknown = [k for k, _ in query if k not in known]
+    unknown = [k for k, _ in query if k not in numbers | words]
     if unknown:
-        raise ValueError(f"unknown Kafka bus option(s) {unknown}; known: {sorted(known)}")
-    bad = [(k, v) for k, v in query if not v.isdigit()]
+        raise ValueError(f"unknown Kafka bus option(s) {unknown}; known: {sorted(numbers | words)}")
+    bad = [(k, v) for k, v in query if k in numbers and not v.isdigit()]
     if bad:
         raise ValueError(f"Kafka bus options must be non-negative integers: {bad}")
-    return parts.netloc, KafkaOptions(**{k: int(v) for k, v in query})
+    options = KafkaOptions(**{k: int(v) for k, v in query if k in numbers})
+    security = KafkaSecurity(**{k: v for k, v in query if k in words})
+    return parts.netloc, options, security
 
 
 class KafkaBus(Bus):
     def __init__(self, url: str) -> None:
         self.url = url
-        self.bootstrap, self.options = parse_url(url)
+        self.bootstrap, self.options, self.security = parse_url_security(url)
+        self._client_kwargs: dict[str, Any] | None = None
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._known_topics: set[str] = set()
@@ -90,11 +158,17 @@ class KafkaBus(Bus):
     async def connect(self) -> None:
         if self._producer is not None:
             return
+        self._client_kwargs = self.security.client_kwargs()
         producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap, acks="all", request_timeout_ms=self.options.request_timeout_ms
+            bootstrap_servers=self.bootstrap,
+            acks="all",
+            request_timeout_ms=self.options.request_timeout_ms,
+            **self._client_kwargs,
         )
         admin = AIOKafkaAdminClient(
-            bootstrap_servers=self.bootstrap, request_timeout_ms=self.options.request_timeout_ms
+            bootstrap_servers=self.bootstrap,
+            request_timeout_ms=self.options.request_timeout_ms,
+            **self._client_kwargs,
         )
         try:
             await producer.start()
@@ -104,6 +178,11 @@ class KafkaBus(Bus):
             await admin.close()
             raise BusUnavailable(f"Kafka at {self.url} does not answer: {exc}") from exc
         self._producer, self._admin = producer, admin
+
+    def _security_kwargs(self) -> dict[str, Any]:
+        if self._client_kwargs is None:
+            self._client_kwargs = self.security.client_kwargs()
+        return self._client_kwargs
 
     def _started(self) -> tuple[AIOKafkaProducer, AIOKafkaAdminClient]:
         if self._producer is None or self._admin is None:
@@ -162,6 +241,7 @@ class KafkaBus(Bus):
             request_timeout_ms=self.options.request_timeout_ms,
             max_poll_records=opts.batch,
             fetch_max_wait_ms=self.options.fetch_max_wait_ms,
+            **self._security_kwargs(),
         )
         dispatcher = Dispatcher(handler, opts, self._dead_letter, f"kafka:{group}/{consumer}")
         sub = KafkaSubscription(kafka_consumer, self.options, dispatcher)
@@ -183,7 +263,12 @@ class KafkaBus(Bus):
         self._started()
         # a group member that never subscribes: it can read the group's committed offsets without
         # joining (the admin client's OffsetFetch version is not understood by every broker)
-        probe = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=group, enable_auto_commit=False)
+        probe = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=group,
+            enable_auto_commit=False,
+            **self._security_kwargs(),
+        )
         await probe.start()
         try:
             partitions = [TopicPartition(topic, p) for p in await _partitions(probe, topic)]

@@ -6,7 +6,10 @@ idle longer than `claim_idle`, so a killed member's message is redelivered to a 
 member first re-reads its own pending entries (a restart under the same consumer name).
 
 URL: ``redis://host:port/db?maxlen=100000&claim_idle_ms=30000&claim_interval_ms=5000&block_ms=1000``
-(the query options are this bus's; the rest goes to redis-py).
+(the query options are this bus's; the rest goes to redis-py). TLS: ``rediss://`` with redis-py's own
+``ssl_ca_certs=PATH`` (and ``ssl_certfile`` / ``ssl_keyfile`` for mutual TLS). A password: ``password_file=PATH``
+(read from that file, e.g. a mounted Kubernetes Secret, so it is never in the URL, the logs or
+``--check-config``); ``redis://USER@host`` names an ACL user.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -44,17 +48,20 @@ class RedisOptions:
     claim_interval_ms: int = 5_000  # how often each member looks for such entries
     block_ms: int = 1_000  # XREADGROUP block time (bounds how late a reclaim pass can be)
     dead_letter_maxlen: int = 10_000
+    password_file: str = ""  # the password, read from this file (not a number: parsed apart)
 
 
 def split_url(url: str) -> tuple[str, RedisOptions]:
     """Separate this bus's options from the redis-py URL."""
     parts = urlsplit(url)
     ours = {f.name for f in fields(RedisOptions)}
+    words = {"password_file"}
     query = parse_qsl(parts.query)
-    bad = [(k, v) for k, v in query if k in ours and not v.isdigit()]
+    bad = [(k, v) for k, v in query if k in ours - words and not v.isdigit()]
     if bad:
         raise ValueError(f"bus URL options must be non-negative integers: {bad}")
-    options = RedisOptions(**{k: int(v) for k, v in query if k in ours})
+    values: dict[str, Any] = {k: v if k in words else int(v) for k, v in query if k in ours}
+    options = RedisOptions(**values)
     rest = urlencode([(k, v) for k, v in query if k not in ours])
     return urlunsplit(parts._replace(query=rest)), options
 
@@ -63,7 +70,10 @@ class RedisStreamsBus(Bus):
     def __init__(self, url: str) -> None:
         self.url = url
         redis_url, self.options = split_url(url)
-        self._redis: aioredis.Redis = aioredis.Redis.from_url(redis_url, decode_responses=False)
+        extra: dict[str, Any] = {}
+        if self.options.password_file:
+            extra["password"] = Path(self.options.password_file).read_text(encoding="utf-8").strip()
+        self._redis: aioredis.Redis = aioredis.Redis.from_url(redis_url, decode_responses=False, **extra)
         self._subscriptions: list[RedisSubscription] = []
 
     async def connect(self) -> None:

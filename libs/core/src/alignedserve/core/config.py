@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, ClassVar, Generic, Literal, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretBytes, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
@@ -261,7 +262,9 @@ def describe_settings(settings: Settings, origins: Mapping[str, str]) -> str:
     """One knob a line: flag, value (JSON; secrets masked) and where the value comes from."""
     values = {name: getattr(settings, name) for name in type(settings).model_fields}
     shown = {
-        name: MASK if isinstance(value, SecretStr | SecretBytes) else json.dumps(to_jsonable_python(value))
+        name: MASK
+        if isinstance(value, SecretStr | SecretBytes)
+        else json.dumps(to_jsonable_python(mask_url_password(value) if isinstance(value, str) else value))
         for name, value in values.items()
     }
     flag_width = max(len(flag_name(name)) for name in shown)
@@ -270,6 +273,19 @@ def describe_settings(settings: Settings, origins: Mapping[str, str]) -> str:
         f"  {flag_name(name):<{flag_width}}  {text:<{value_width}}  ({origins.get(name, 'default')})"
         for name, text in shown.items()
     )
+
+
+def mask_url_password(text: str) -> str:
+    """`redis://:secret@host/0` -> `redis://:********@host/0`: a URL's password is never printed."""
+    try:
+        parts = urlsplit(text)
+        if not parts.scheme or parts.password is None:
+            return text
+    except ValueError:  # not a URL (e.g. an unbalanced "[")
+        return text
+    user, _, host = parts.netloc.rpartition("@")
+    name = user.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{name}:{MASK}@{host}"))
 
 
 def format_validation_error(

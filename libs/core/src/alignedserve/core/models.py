@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_ENV = "ALIGNEDSERVE_CACHE_DIR"  # the one setting of where converted files go (engine, gateway, loadgen)
+DEFAULT_CACHE = "~/.cache/alignedserve"
 
 
 class ModelLoadError(Exception):
@@ -45,11 +47,9 @@ def resolve(model: str) -> ModelSource:
 
 
 def cache_root(cache_dir: str | None = None) -> Path:
-    """Where converted model files are kept: `cache_dir`, else $ALIGNEDSERVE_CACHE, else
-    ~/.cache/alignedserve."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    return Path(os.environ.get("ALIGNEDSERVE_CACHE", "~/.cache/alignedserve")).expanduser()
+    """Where converted files are kept (dequantized weights, GGUF tokenizers, the linear-kernel crossover):
+    `cache_dir`, else $ALIGNEDSERVE_CACHE_DIR, else ~/.cache/alignedserve."""
+    return Path(cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
 
 
 def _smollm2_dir() -> Path:

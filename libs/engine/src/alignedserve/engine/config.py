@@ -9,6 +9,7 @@ DTYPES_BY_DEVICE: dict[str, tuple[str, ...]] = {
     "cuda": ("float16", "bfloat16", "float32"),
 }
 ATTENTION_STRATEGIES = ("auto", "padded", "bucketed", "per_sequence")
+DECODE_BACKENDS = ("auto", "torch", "triton", "reference")  # see alignedserve.engine.decode_backend
 LINEAR_KERNELS = ("auto", "torch", "onednn_packed")  # see alignedserve.engine.linear
 DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 
@@ -31,7 +32,10 @@ class EngineConfig:
     max_num_seqs: int = 256  # requests decoding at once
     max_prefill_tokens: int = 2048  # tokens per prefill forward; longer prompts go in chunks
     max_model_len: int | None = None  # None: the model's own context length
-    attention: str = "auto"  # decode attention strategy; "auto" picks per batch shape
+    attention: str = "auto"  # grouping of the "torch" decode backend; "auto" picks per batch shape
+    # decode attention backend: "auto" = the Triton paged kernel on CUDA (where triton imports), else
+    # "torch" (SDPA over groupings); "reference" is the slow row-by-row definition
+    decode_backend: str = "auto"
     linear_kernel: str = (
         "auto"  # "auto": packed weights on CPU float32 from the host's crossover up (linear.py)
     )
@@ -39,7 +43,7 @@ class EngineConfig:
     timings: bool = False  # record per-iteration linear/attention time split
     num_threads: int | None = None  # torch intra-op threads on CPU (None: leave torch's default)
     cache_dir: str | None = (
-        None  # dequantized-weight cache (None: $ALIGNEDSERVE_CACHE or ~/.cache/alignedserve)
+        None  # dequantized-weight cache (None: $ALIGNEDSERVE_CACHE_DIR or ~/.cache/alignedserve)
     )
 
     def __post_init__(self) -> None:
@@ -57,6 +61,8 @@ class EngineConfig:
             raise ValueError("give either kv_cache_bytes or num_blocks, not both")
         if self.linear_kernel not in LINEAR_KERNELS:
             raise ValueError(f"linear_kernel must be one of {LINEAR_KERNELS}, got {self.linear_kernel!r}")
+        if self.decode_backend not in DECODE_BACKENDS:
+            raise ValueError(f"decode_backend must be one of {DECODE_BACKENDS}, got {self.decode_backend!r}")
         if self.attention not in ATTENTION_STRATEGIES:
             raise ValueError(f"attention must be one of {ATTENTION_STRATEGIES}, got {self.attention!r}")
         if not self.model:

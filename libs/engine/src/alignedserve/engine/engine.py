@@ -23,6 +23,7 @@ from alignedserve.engine.attention import (
     PerSequenceGrouping,
 )
 from alignedserve.engine.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
+from alignedserve.engine.decode_backend import FixedGrouping, GroupingSelector
 from alignedserve.engine.decode_kv import DecodeKv, GatheredKv, StagedKv
 from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
 from alignedserve.engine.kv_export import KvExport, export_kv, import_kv
@@ -40,18 +41,12 @@ from alignedserve.engine.request import (
     TokenLogprob,
     TokenStopRule,
 )
-from alignedserve.engine.runner import (
-    DecodeRow,
-    FixedGrouping,
-    GroupingSelector,
-    ModelRunner,
-    PrefillChunk,
-    TokenScore,
-)
+from alignedserve.engine.runner import DecodeRow, ModelRunner, PrefillChunk, TokenScore
 from alignedserve.engine.sampling import Sampler, make_generator
 from alignedserve.engine.scheduler import ScheduledChunk, Scheduler
 from alignedserve.engine.selector import ShapeSelector
 from alignedserve.engine.timing import IterationTiming, NullTimer, WallTimer
+from alignedserve.engine.triton_backend import select_backend
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +82,14 @@ class LLMEngine:
         )
         self.cache = PagedKvCache(self.layout, self.allocator.num_blocks, self.device)
         timer = WallTimer(self.device) if config.timings else NullTimer()
-        self.runner = ModelRunner(
-            self.model, self.cache, _selector(config), timer, _decode_kv(config, self.layout)
+        decode = select_backend(
+            config.decode_backend,
+            self.device,
+            config.block_size,
+            _selector(config),
+            _decode_kv(config, self.layout),
         )
+        self.runner = ModelRunner(self.model, self.cache, decode, timer)
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_prefill_tokens)
         self.sampler = Sampler()
         self.timings: deque[IterationTiming] = deque(maxlen=100_000)
@@ -189,8 +189,10 @@ class LLMEngine:
         prompt_token_ids: list[int],
         output_token_ids: list[int],
         params: SamplingParams,
+        verified: bool = False,
     ) -> None:
-        """Take over a request prefilled elsewhere: its KV goes into new blocks and it joins decode."""
+        """Take over a request prefilled elsewhere: its KV goes into new blocks and it joins decode.
+        `verified`: the payload's checksum was checked on arrival (see `import_kv`)."""
         if kv.header.num_tokens != len(prompt_token_ids) + len(output_token_ids) - 1:
             raise RequestError(
                 f"KV holds {kv.header.num_tokens} tokens; expected prompt + output - 1 = "
@@ -199,9 +201,9 @@ class LLMEngine:
         request = self._new_request(request_id, prompt_token_ids, params, park_after_prefill=False)
         request.output_token_ids = list(output_token_ids)
         self.allocator.allocate(request_id, kv.header.num_tokens + 1)
-        self.runner.decode_kv.reset()  # the import writes the paged cache behind the staged decode K/V
+        self.runner.decode_backend.reset()  # the import writes the paged cache behind the staged decode K/V
         try:
-            import_kv(self.cache, kv, self.allocator.block_table(request_id), self.model_id)
+            import_kv(self.cache, kv, self.allocator.block_table(request_id), self.model_id, verified)
         except Exception:
             self.allocator.free(request_id)
             raise

@@ -6,6 +6,7 @@ the flat views [num_blocks * block_size, kv_heads, head_dim] are what writes and
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -39,10 +40,8 @@ class PagedKvCache:
         self.num_blocks = num_blocks
         self.device = device
         shape = (num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim)
-        self.keys = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)]
-        self.values = [
-            torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)
-        ]
+        self.keys = [zeroed(shape, layout.dtype, device) for _ in range(layout.num_layers)]
+        self.values = [zeroed(shape, layout.dtype, device) for _ in range(layout.num_layers)]
 
     def flat_keys(self, layer: int) -> torch.Tensor:
         """[num_blocks * block_size, kv_heads, head_dim] view of one layer's K."""
@@ -60,3 +59,17 @@ class PagedKvCache:
         """Flat slots of tokens [start, end) of a request with this block table."""
         size = self.layout.block_size
         return [block_table[t // size] * size + t % size for t in range(start, end)]
+
+
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor. On CPU from anonymous memory, which the OS hands out zeroed page by page on first
+    touch: a 2 GiB cache costs nothing at start (torch.zeros writes every byte: seconds) and only the
+    blocks in use take RAM. Zeros, never garbage: a masked slot's value still enters a 0-weighted sum,
+    and 0 * NaN would be NaN."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    count = 1
+    for size in shape:
+        count *= size
+    nbytes = max(count * torch.empty((), dtype=dtype).element_size(), 1)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=count).view(shape)

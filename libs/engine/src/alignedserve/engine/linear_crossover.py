@@ -3,7 +3,7 @@
 Which kernel is faster at few rows depends on the CPU: on one development host the packed weights were
 1.49x faster at one row, on another 0.74x (docs/benchmarks.md, Engine). The crossover is measured on
 the model's own projections the first time a model of those shapes is loaded with that many threads,
-and written to `$ALIGNEDSERVE_CACHE/linear-crossover.json` (default `~/.cache/alignedserve`). The first
+and written to `$ALIGNEDSERVE_CACHE_DIR/linear-crossover.json` (default `~/.cache/alignedserve`). The first
 process to write an answer wins and every later one reads it, so all engines of a host (prefill and
 decode workers, `alignedserve generate`) multiply alike and give the same greedy tokens.
 """
@@ -20,13 +20,14 @@ from pathlib import Path
 
 import torch
 
+from alignedserve.core.models import cache_root
+
 ROW_COUNTS = (1, 2, 4, 8, 16, 32, 64)  # decode's batch sizes where the answer can change
 REPEATS = 3  # timed calls per kernel and row count (the minimum is kept: noise only adds time)
 
 
 def cache_path() -> Path:
-    root = Path(os.environ.get("ALIGNEDSERVE_CACHE", "~/.cache/alignedserve")).expanduser()
-    return root / "linear-crossover.json"
+    return cache_root() / "linear-crossover.json"
 
 
 def host_key(shapes: list[tuple[int, int]]) -> str:

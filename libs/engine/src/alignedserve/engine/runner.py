@@ -2,7 +2,7 @@
 
 Inputs are flattened (T tokens of many requests); each token carries its own position and the flat KV
 slot its K/V goes to. Prefill attends per request (causal, chunks see the request's cached prefix);
-decode attends with the per-iteration plan of the chosen `DecodeGrouping`.
+decode attends through the engine's `DecodeBackend` (`decode_backend.py`), one step per iteration.
 """
 
 from __future__ import annotations
@@ -11,15 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from alignedserve.engine.attention import (
-    DecodeGroup,
-    DecodeGrouping,
-    PrefillSpan,
-    decode_attention,
-    plan_decode,
-    prefill_attention,
-)
-from alignedserve.engine.decode_kv import DecodeKv, GatheredKv
+from alignedserve.engine.attention import PrefillSpan, prefill_attention
+from alignedserve.engine.decode_backend import DecodeBackend, FixedGrouping, GroupingSelector
 from alignedserve.engine.kv_cache import PagedKvCache
 from alignedserve.engine.model import PagedModel
 from alignedserve.engine.sampling import score_tokens
@@ -62,19 +55,7 @@ class DecodeRow:
     block_table: list[int]
 
 
-class GroupingSelector:
-    """Chooses the decode grouping for a batch shape (see `alignedserve.engine.attention`)."""
-
-    def select(self, context_lens: list[int]) -> DecodeGrouping:
-        raise NotImplementedError
-
-
-class FixedGrouping(GroupingSelector):
-    def __init__(self, grouping: DecodeGrouping) -> None:
-        self.grouping = grouping
-
-    def select(self, context_lens: list[int]) -> DecodeGrouping:
-        return self.grouping
+__all__ = ["FixedGrouping", "GroupingSelector"]  # re-exported: they live with the SDPA backend
 
 
 class ModelRunner:
@@ -82,14 +63,12 @@ class ModelRunner:
         self,
         model: PagedModel,
         cache: PagedKvCache,
-        selector: GroupingSelector,
+        decode: DecodeBackend,
         timer: IterationTimer | None = None,
-        decode_kv: DecodeKv | None = None,
     ) -> None:
         self.model = model
-        self.decode_kv: DecodeKv = decode_kv or GatheredKv()
+        self.decode_backend = decode
         self.cache = cache
-        self.selector = selector
         self.timer: IterationTimer = timer or NullTimer()
         self.device = cache.device
         self.block_size = cache.layout.block_size
@@ -116,7 +95,7 @@ class ModelRunner:
                 last_rows.append(len(ids) - 1)
         slot_tensor = self._tensor(slots)
         cache, timer = self.cache, self.timer
-        self.decode_kv.reset()  # prefill writes the paged cache behind the staged decode K/V
+        self.decode_backend.reset()  # prefill writes the paged cache behind the staged decode K/V
 
         def attend(
             layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
@@ -147,12 +126,10 @@ class ModelRunner:
     def decode(self, rows: list[DecodeRow]) -> torch.Tensor:
         """One token for every row in one forward; returns [B, vocab] float32 logits."""
         context_lens = [row.position + 1 for row in rows]
-        grouping = self.selector.select(context_lens)
-        plan: list[DecodeGroup] = plan_decode(
-            grouping, context_lens, [row.block_table for row in rows], self.block_size, self.device
-        )
         # A row's first block is its identity across iterations: blocks belong to one request at a time.
-        self.decode_kv.begin([row.block_table[0] for row in rows], plan)
+        step = self.decode_backend.begin(
+            [row.block_table[0] for row in rows], context_lens, [row.block_table for row in rows]
+        )
         slot_tensor = self._tensor(
             [
                 row.block_table[row.position // self.block_size] * self.block_size
@@ -160,18 +137,18 @@ class ModelRunner:
                 for row in rows
             ]
         )
-        cache, timer, decode_kv = self.cache, self.timer, self.decode_kv
+        cache, timer = self.cache, self.timer
 
         def attend(
             layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
         ) -> torch.Tensor:
             with timer.attention():
                 cache.write(layer, slot_tensor, k, v)
-                return decode_attention(cache, layer, q, plan, scale, decode_kv, (k, v))
+                return step(cache, layer, q, scale, (k, v))
 
         ids = [row.token_id for row in rows]
         _, logits = self._forward(ids, [row.position for row in rows], attend, None)
-        self._record("decode", len(rows), len(rows), context_lens, grouping.name)
+        self._record("decode", len(rows), len(rows), context_lens, step.strategy)
         return logits
 
     def _forward(

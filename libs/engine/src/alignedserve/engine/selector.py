@@ -17,7 +17,7 @@ from alignedserve.engine.attention import (
     PaddedGrouping,
     PerSequenceGrouping,
 )
-from alignedserve.engine.runner import GroupingSelector
+from alignedserve.engine.decode_backend import GroupingSelector
 
 
 class ShapeSelector(GroupingSelector):

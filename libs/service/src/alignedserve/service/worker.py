@@ -23,6 +23,7 @@ from alignedserve.core.config import WorkerSettings
 from alignedserve.service.drain import Drain
 from alignedserve.service.http import HttpServer, ops_app
 from alignedserve.service.logs import get_logger
+from alignedserve.service.ops_metrics import BusMetrics
 
 HEARTBEAT_S = 1.0
 log = get_logger(__name__)
@@ -37,6 +38,7 @@ class WorkerRuntime:
         self.settings = settings
         self.worker_id = settings.worker_id
         self.registry = registry
+        self.bus_metrics = BusMetrics(registry)
         self.drain = Drain(settings.drain_timeout_s)
         self.ucx_address = b""
         self.kv_usage: KvUsage | None = None  # read at every beat (kvpool: its store's bytes)
@@ -77,8 +79,13 @@ class WorkerRuntime:
         options: ConsumerOptions | None = None,
     ) -> Subscription:
         sub = await self.bus.subscribe(
-            topic_names, group=group, consumer=self.worker_id, handler=handler, options=options
+            topic_names,
+            group=group,
+            consumer=self.worker_id,
+            handler=handler,
+            options=self.bus_metrics.options(group, options),
         )
+        self.bus_metrics.track(group, sub)
         self._subscriptions.append(sub)
         return sub
 

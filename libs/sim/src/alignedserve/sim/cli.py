@@ -25,6 +25,8 @@ from alignedserve.core.workloads.build import WorkloadConfig, WorkloadSource, bu
 from alignedserve.core.workloads.spec import RequestSpec
 from alignedserve.core.workloads.traces import TraceFormatError, default_trace_path, read_trace
 from alignedserve.core.workloads.transforms import scale_time, with_poisson_arrivals
+from alignedserve.sim.baselines.engine import BaselineCluster
+from alignedserve.sim.baselines.systems import BASELINES, baseline_config
 from alignedserve.sim.cluster import Cluster, ClusterConfig
 from alignedserve.sim.compute import COMPUTE
 from alignedserve.sim.cost import CostModel
@@ -61,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--short-share", type=float, default=0.95, help="synthetic: share of prompts < 1000 tokens"
     )
+    w.add_argument(
+        "--long-range", type=int, nargs=2, metavar=("LO", "HI"), help="synthetic: long prompts (1000 8000)"
+    )
     w.add_argument("--requests", type=int, help="first N requests; a trace repeats (tiles) past its end")
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--rate", type=float, help="Poisson arrivals at R requests/s (overrides timestamps)")
@@ -80,7 +85,13 @@ def _parser() -> argparse.ArgumentParser:
         default="paper",
         help="paper: 4+4 H100s, OPT-13B, K_min 128; stack: the services' defaults on cpu-smollm2",
     )
-    c.add_argument("--policy", choices=POLICY_NAMES, default="aligned")
+    c.add_argument(
+        "--policy",
+        choices=(*POLICY_NAMES, *BASELINES),
+        default="aligned",
+        help="aligned|fcfs|window: this system's batcher; vllm|vllm-nochunk|fastgen|distserve: the paper's "
+        "baselines on the same instances (baselines/systems.py)",
+    )
     c.add_argument("--prefetch", choices=("on", "off"), default="on")
     c.add_argument("--prefill-workers", type=int)
     c.add_argument("--decode-workers", type=int)
@@ -97,6 +108,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--no-dynamic-prefetch", action="store_true", help="aligned/window: no in-range pulls")
     c.add_argument(
+        "--growth-reserve",
+        type=int,
+        help="blocks per running request an admission leaves free (paper deployment: 1; 0: the paper's rule)",
+    )
+    c.add_argument(
         "--compute",
         choices=sorted(COMPUTE),
         help="dedicated: a device per worker (paper); shared: all engines on one machine's cores (stack)",
@@ -106,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     o = p.add_argument_group("output")
     o.add_argument("--compare", action="store_true", help="aligned vs fcfs vs prefetch off, with ratios")
+    o.add_argument("--with-baselines", action="store_true", help="--compare: add vllm, fastgen, distserve")
     o.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -124,7 +141,9 @@ def workload_config(args: argparse.Namespace) -> WorkloadConfig:
     else:
         source = args.workload
         n = args.requests if args.requests is not None else DEFAULT_SYNTHETIC_REQUESTS
+    lengths = {"long_range": (args.long_range[0], args.long_range[1])} if args.long_range else {}
     return WorkloadConfig(
+        **lengths,
         source=source,
         num_requests=n,
         seed=args.seed,
@@ -157,7 +176,14 @@ def _quadtree_span(specs: list[RequestSpec], leaf_width: int) -> int:
 
 
 def simulate(specs: list[RequestSpec], cost: CostModel, run: RunSpec) -> dict[str, float | int | str]:
-    """One run of the real policy and scheduler over `specs`; the JSON summary."""
+    """One run of the real policy and scheduler (or of a baseline system) over `specs`; the JSON summary."""
+    if run.policy in BASELINES:
+        c = run.config
+        config = baseline_config(
+            run.policy, specs, c.prefill_workers, c.decode_workers, c.arrivals, c.exact_iterations
+        )
+        summary = BaselineCluster(specs, cost, config).run().summary
+        return {"policy": run.policy, "prefetch": "n/a", "cost_model": cost.name, **summary}
     span = _quadtree_span(specs, cost.block_size)
     policy = make_policy(
         run.policy,
@@ -190,6 +216,7 @@ def _deployment(args: argparse.Namespace) -> Deployment:
         "range_slack": args.range_slack,
         "max_prefill_tokens": args.max_prefill_tokens,
         "compute": args.compute,
+        "growth_reserve": args.growth_reserve,
     }
     d = replace(d, **{k: v for k, v in overrides.items() if v is not None})
     if args.min_batch is not None:
@@ -201,7 +228,7 @@ def _deployment(args: argparse.Namespace) -> Deployment:
     return d
 
 
-def _run_spec(args: argparse.Namespace, policy: str, prefetch: bool) -> RunSpec:
+def run_spec(args: argparse.Namespace, policy: str, prefetch: bool) -> RunSpec:
     d = _deployment(args)
     config = d.cluster_config(policy, prefetch, choose_arrivals(args))
     config = replace(config, exact_iterations=args.exact_iterations)
@@ -211,12 +238,17 @@ def _run_spec(args: argparse.Namespace, policy: str, prefetch: bool) -> RunSpec:
 def compare(specs: list[RequestSpec], cost: CostModel, args: argparse.Namespace) -> dict[str, object]:
     """The paper's comparisons side by side, and their ratios."""
     runs = {
-        "aligned": simulate(specs, cost, _run_spec(args, "aligned", True)),
-        "fcfs": simulate(specs, cost, _run_spec(args, "fcfs", True)),
-        "aligned_prefetch_off": simulate(specs, cost, _run_spec(args, "aligned", False)),
-        "fcfs_prefetch_off": simulate(specs, cost, _run_spec(args, "fcfs", False)),
+        "aligned": simulate(specs, cost, run_spec(args, "aligned", True)),
+        "fcfs": simulate(specs, cost, run_spec(args, "fcfs", True)),
+        "aligned_prefetch_off": simulate(specs, cost, run_spec(args, "aligned", False)),
+        "fcfs_prefetch_off": simulate(specs, cost, run_spec(args, "fcfs", False)),
     }
     a, f, off, both = (runs[k] for k in ("aligned", "fcfs", "aligned_prefetch_off", "fcfs_prefetch_off"))
+    baselines = (
+        {name: simulate(specs, cost, run_spec(args, name, True)) for name in BASELINES}
+        if args.with_baselines
+        else {}
+    )
 
     def ratio(x: object, y: object) -> float:
         return float(x) / float(y) if float(y) else float("nan")  # type: ignore[arg-type]
@@ -237,8 +269,14 @@ def compare(specs: list[RequestSpec], cost: CostModel, args: argparse.Namespace)
         "ttft_cost_mean_ms": float(a["mean_ttft_ms"]) - float(f["mean_ttft_ms"]),
         "first_decode_cost_mean_ms": float(a["mean_first_decode_ms"]) - float(f["mean_first_decode_ms"]),
         "mixed_iteration_fraction_aligned": float(a["mixed_iteration_fraction"]),
+        "misaligned_iteration_fraction_aligned": float(a["misaligned_iteration_fraction"]),
     }
-    return {"requests": len(specs), "runs": runs, "ratios": ratios}
+    for name, run in baselines.items():
+        ratios[f"throughput_aligned_over_{name}"] = ratio(
+            a["decode_throughput_tok_s"], run["decode_throughput_tok_s"]
+        )
+        ratios[f"p99_tpot_{name}_over_aligned"] = ratio(run["p99_tpot_ms"], a["p99_tpot_ms"])
+    return {"requests": len(specs), "runs": {**runs, **baselines}, "ratios": ratios}
 
 
 def _print(result: dict[str, object], as_json: bool) -> None:
@@ -289,7 +327,7 @@ def main(argv: list[str]) -> int:
         if args.compare:
             result: dict[str, object] = compare(specs, cost, args)
         else:
-            result = dict(simulate(specs, cost, _run_spec(args, args.policy, args.prefetch == "on")))
+            result = dict(simulate(specs, cost, run_spec(args, args.policy, args.prefetch == "on")))
     except (TraceFormatError, FileNotFoundError, ValueError, SimulationError) as e:
         print(f"alignedserve sim: error: {e}", file=sys.stderr)
         return 2
@@ -304,6 +342,7 @@ __all__ = [
     "compare",
     "main",
     "parse_args",
+    "run_spec",
     "simulate",
     "workload_config",
 ]

@@ -40,6 +40,7 @@ from alignedserve.core.workloads.spec import RequestSpec
 from alignedserve.sim.compute import COMPUTE, Ends
 from alignedserve.sim.cost import CostModel, Link
 from alignedserve.sim.decode import DecodeWorker, Span
+from alignedserve.sim.iterstats import arrival_mark
 from alignedserve.sim.metrics import Metrics
 from alignedserve.sim.records import FifoLink, SimRequest, SimulationError
 
@@ -65,6 +66,7 @@ class ClusterConfig:
     # (starvation aging); None: ask only when the pool or a worker changes
     batcher_retry_s: float | None = None
     exact_iterations: bool = False  # call the scheduler at every iteration (no spans): for checking
+    growth_reserve: int = 0  # IterationState.growth_reserve: blocks per running request an admission leaves
     compute: str = "dedicated"  # engines on devices of their own, or "shared" cores (compute.py)
     arrivals: ArrivalProcess = OPEN_LOOP  # when requests enter (open loop: their own timestamps)
 
@@ -110,7 +112,8 @@ class Cluster:
                 f"e.g. {too_long[0].input_len}+{too_long[0].output_len} tokens"
             )
         self.decoders = [
-            DecodeWorker(d, capacity, block, config.max_batch) for d in range(config.decode_workers)
+            DecodeWorker(d, capacity, block, config.max_batch, config.growth_reserve)
+            for d in range(config.decode_workers)
         ]
         self.arrivals = config.arrivals.start(self.by_index)
         self.prefill_links = [FifoLink() for _ in range(config.prefill_workers)]
@@ -122,7 +125,8 @@ class Cluster:
         self.seq = 0
         self.tick_at: float | None = None
         self.next_batch_id = 0
-        self.metrics = Metrics(len(self.by_index))
+        self.arrived = 0
+        self.metrics = Metrics(len(self.by_index), cost.block_size * cost.kv_bytes_per_token)
 
     # --- event queue --------------------------------------------------------------------------------
 
@@ -155,13 +159,15 @@ class Cluster:
             when, kind, _, a, b = heapq.heappop(self.events)
             handlers[kind](when, a, b)
         self._check_drained()
-        self.metrics.finish(self.decoders, time.perf_counter() - wall)
+        self.metrics.finish([d.stats for d in self.decoders], time.perf_counter() - wall)
         return self.metrics
 
     def _arrive(self, request: SimRequest) -> None:
-        if self.arrivals.exhausted:  # the load stops here: the steady-state window ends
+        self.arrived += 1
+        mark = arrival_mark(self.arrived, len(self.by_index))
+        if mark is not None:  # a throughput window starts or ends here (iterstats.MARKS)
             for worker in self.decoders:
-                worker.window_end = request.arrival
+                worker.stats.marks[mark] = request.arrival
         self.prefill_queue.append(request)
         self._start_prefills(request.arrival)
 
@@ -333,9 +339,8 @@ class Cluster:
         quiet = not (plan.finished or plan.evicted or plan.admitted)
         one_by_one = self.config.exact_iterations or self.compute.per_iteration
         iterations = 1 if one_by_one or not quiet else worker.quiet_iterations()
-        span = Span(
-            now, stall, iterations, self.cost.decode_span([r.prefix + 1 for r in worker.running.values()])
-        )
+        kv_lens = [r.prefix + 1 for r in worker.running.values()]
+        span = Span(now, stall, iterations, self.cost.decode_span(kv_lens), self.cost.decode_parts(kv_lens))
         worker.span = span
         ready = worker.next_ready_after(now)
         if ready is not None:
@@ -371,7 +376,7 @@ class Cluster:
             r = worker.leave(request_id)
             r.ready_at = now
             worker.candidate_requests[request_id] = r
-            worker.evictions += 1
+            worker.stats.evictions += 1
             moved += r.blocks
             if not self.config.prefetch:
                 self._into_pool(r)

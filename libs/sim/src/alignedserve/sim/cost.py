@@ -1,7 +1,7 @@
 """Cost models: how long a decode iteration, a prefill pass and a KV transfer take on some hardware.
 
-Every model answers the same five questions (the `CostModel` protocol), so the simulator never branches
-on hardware. GPU models are built only from public figures (see `GpuSpec`, `ModelSpec` and
+Every model answers the same questions (the `CostModel` protocol), so the simulator never branches
+on hardware. GPU models are built only from public figures (`hardware.py`, each with its source; see
 docs/simulator.md for the derivation); the CPU model is fitted from measurements (`cpu_model.py`);
 `cost_registry.py` names them all.
 
@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
+
+from alignedserve.sim.hardware import H100_SXM, LLAMA_7B, OPT_13B, GpuSpec, ModelSpec
 
 
 class Link(Enum):
@@ -81,8 +83,17 @@ class CostModel(Protocol):
         """Durations of this iteration and the following ones, every kv_len growing by one a step."""
         ...
 
+    def decode_parts(self, kv_lens: Sequence[int]) -> DecodeParts:
+        """Where one decode iteration's time goes (linear part, attention at full parallelism)."""
+        ...
+
     def prefill_s(self, input_lens: Sequence[int]) -> float:
         """One prefill pass over these prompts (batched)."""
+        ...
+
+    def step_s(self, kv_lens: Sequence[int], chunks: Sequence[tuple[int, int]]) -> float:
+        """One forward pass of a co-located engine: decodes attending over `kv_lens` tokens each, plus
+        prefill chunks `(context already in KV, new tokens)` (chunked prefill, Dynamic SplitFuse)."""
         ...
 
     def transfer_s(self, blocks: int, link: Link) -> float:
@@ -91,47 +102,15 @@ class CostModel(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class GpuSpec:
-    """Public figures of an accelerator."""
+class DecodeParts:
+    """A decode iteration split by cause: `linear_s` (weights, MLP, projections) and `ideal_attention_s`
+    (every KV byte read at the chip's full bandwidth). What the iteration takes beyond their sum is the
+    bubble: few long sequences that cannot fill the chip. `ideal_step_s`: how much the ideal attention
+    grows per iteration of a span (every sequence one token longer)."""
 
-    name: str
-    hbm_bytes: float
-    hbm_bytes_per_s: float
-    dense_flops: float  # bf16 dense tensor FLOP/s
-    sm_count: int
-    pcie_bytes_per_s: float  # effective, one way
-    nvlink_bytes_per_s: float  # one way
-    memory_utilization: float = 0.9  # share of HBM a serving engine takes (vLLM's default)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """Public architecture figures of a model (bf16 weights)."""
-
-    name: str
-    params: float
-    layers: int
-    hidden: int
-    heads: int  # query heads = attention CTAs per sequence per layer
-    kv_bytes_per_token: int
-    bytes_per_param: int = 2
-
-
-H100_SXM = GpuSpec(
-    name="h100",
-    hbm_bytes=80 * 2**30,
-    hbm_bytes_per_s=3.35e12,
-    dense_flops=990e12,
-    sm_count=132,
-    pcie_bytes_per_s=50e9,
-    nvlink_bytes_per_s=450e9,
-)
-LLAMA_7B = ModelSpec(
-    "llama-7b", params=6.74e9, layers=32, hidden=4096, heads=32, kv_bytes_per_token=512 * 1024
-)
-OPT_13B = ModelSpec(
-    "opt-13b", params=12.85e9, layers=40, hidden=5120, heads=40, kv_bytes_per_token=800 * 1024
-)
+    linear_s: float
+    ideal_attention_s: float
+    ideal_step_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,33 +125,62 @@ class GpuCostModel:
     """Roofline decode/prefill model with per-sequence attention parallelism (the bubble).
 
     Without a fit: peak bandwidth, and a CTA draws at most its SM's 1/n_SM share of it.
+    `tensor_parallel` t: one instance spans t GPUs (Megatron-style: weights, heads and KV split t ways,
+    two all-reduces of the activations per layer over NVLink). `compute_efficiency`: share of the peak
+    tensor FLOP/s that compute-bound work (prefill, large batches) sustains.
     """
 
     def __init__(
-        self, gpu: GpuSpec, model: ModelSpec, block_size: int = 16, fit: AttentionFit | None = None
+        self,
+        gpu: GpuSpec,
+        model: ModelSpec,
+        block_size: int = 16,
+        fit: AttentionFit | None = None,
+        tensor_parallel: int = 1,
+        compute_efficiency: float = 1.0,
     ) -> None:
-        self.name = f"{gpu.name}-{model.name}" + ("-paperfit" if fit else "")
+        if tensor_parallel < 1 or not 0 < compute_efficiency <= 1:
+            raise ValueError(
+                f"need tensor_parallel >= 1 and 0 < compute_efficiency <= 1, got {tensor_parallel}, "
+                f"{compute_efficiency}"
+            )
+        tp = tensor_parallel
+        self.name = f"{gpu.name}-{model.name}" + (f"-tp{tp}" if tp > 1 else "") + ("-paperfit" if fit else "")
         self.gpu = gpu
         self.model = model
         self.block_size = block_size
         self.fit = fit
+        self.tensor_parallel = tp
         self.kv_bytes_per_token = model.kv_bytes_per_token
         self._weight_bytes = model.params * model.bytes_per_param
         efficiency = fit.bandwidth_efficiency if fit else 1.0
-        self._hbm_bytes_per_s = gpu.hbm_bytes_per_s * efficiency
+        # t GPUs: t times the bandwidth and FLOP/s; a sequence's heads spread over them (heads/t CTAs each)
+        self._hbm_bytes_per_s = gpu.hbm_bytes_per_s * efficiency * tp
+        self._flops = gpu.dense_flops * compute_efficiency * tp
         cta = fit.cta_bytes_per_s if fit else gpu.hbm_bytes_per_s / gpu.sm_count
         # most HBM bandwidth one sequence can draw: its `heads` CTAs together
         self._seq_bytes_per_s = min(model.heads * cta, self._hbm_bytes_per_s)
+        # ring all-reduce of one token's activations, twice a layer: 2(t-1)/t of the bytes over NVLink
+        self._allreduce_s_per_token = (
+            2
+            * model.layers
+            * 2
+            * (tp - 1)
+            / tp
+            * model.hidden
+            * model.bytes_per_param
+            / gpu.nvlink_bytes_per_s
+        )
 
     @property
     def decode_capacity_blocks(self) -> int:
-        free = self.gpu.hbm_bytes * self.gpu.memory_utilization - self._weight_bytes
+        free = self.gpu.hbm_bytes * self.gpu.memory_utilization * self.tensor_parallel - self._weight_bytes
         return max(0, int(free // (self.block_size * self.kv_bytes_per_token)))
 
     def linear_s(self, batch: int) -> float:
         """Weights and MLP/projections: compute- or weight-read-bound, whichever is slower."""
-        compute = 2.0 * self.model.params * batch / self.gpu.dense_flops
-        return max(compute, self._weight_bytes / self._hbm_bytes_per_s)
+        compute = 2.0 * self.model.params * batch / self._flops
+        return max(compute, self._weight_bytes / self._hbm_bytes_per_s) + self._allreduce_s_per_token * batch
 
     def attention_s(self, kv_lens: Sequence[int]) -> float:
         """Fluid fair sharing of HBM bandwidth, each sequence capped at `_seq_bytes_per_s`.
@@ -205,18 +213,38 @@ class GpuCostModel:
         step = self.kv_bytes_per_token / min(self._seq_bytes_per_s, self._hbm_bytes_per_s / n)
         return SpanCost(self.decode_iteration_s(kv_lens), step)
 
+    def decode_parts(self, kv_lens: Sequence[int]) -> DecodeParts:
+        n = len(kv_lens)
+        per_byte = self.kv_bytes_per_token / self._hbm_bytes_per_s
+        return DecodeParts(self.linear_s(n) if n else 0.0, sum(kv_lens) * per_byte, n * per_byte)
+
+    def _attention_flops(self, chunks: Sequence[tuple[int, int]]) -> float:
+        """Causal attention of prefill chunks: new tokens n attend to the c before them and to each other."""
+        per = 2.0 * self.model.layers * self.model.hidden
+        return per * sum(n * n + 2 * n * c for c, n in chunks)
+
     def prefill_s(self, input_lens: Sequence[int]) -> float:
         """Compute-bound: 2·params FLOPs a token plus causal attention 2·layers·hidden·n² a prompt."""
         tokens = sum(input_lens)
         if tokens == 0:
             return 0.0
-        attention = 2.0 * self.model.layers * self.model.hidden * sum(n * n for n in input_lens)
-        flops = 2.0 * self.model.params * tokens + attention
-        return max(flops / self.gpu.dense_flops, self._weight_bytes / self._hbm_bytes_per_s)
+        flops = 2.0 * self.model.params * tokens + self._attention_flops([(0, n) for n in input_lens])
+        return max(flops / self._flops, self._weight_bytes / self._hbm_bytes_per_s) + (
+            self._allreduce_s_per_token * tokens
+        )
+
+    def step_s(self, kv_lens: Sequence[int], chunks: Sequence[tuple[int, int]]) -> float:
+        """Linear part over every token of the pass, the decodes' attention (memory-bound, with the
+        bubble) and the chunks' attention (compute-bound), one after another as separate kernels."""
+        tokens = len(kv_lens) + sum(n for _, n in chunks)
+        if tokens == 0:
+            return 0.0
+        return self.linear_s(tokens) + self.attention_s(kv_lens) + self._attention_flops(chunks) / self._flops
 
     def transfer_s(self, blocks: int, link: Link) -> float:
+        # with tensor parallelism each GPU holds 1/t of the KV and moves it over its own link
         rate = self.gpu.pcie_bytes_per_s if link is Link.PCIE else self.gpu.nvlink_bytes_per_s
-        return blocks * self.block_size * self.kv_bytes_per_token / rate
+        return blocks * self.block_size * self.kv_bytes_per_token / (rate * self.tensor_parallel)
 
 
 # --- the paper's measured iterations (vLLM, H100, Llama-7B), and the fit they allow --------------------
@@ -267,3 +295,19 @@ def fit_attention(gpu: GpuSpec, model: ModelSpec) -> AttentionFit:
 
         fit = AttentionFit(eff, _bisect(mixed_gap, 1e8, gpu.hbm_bytes_per_s))
     return fit
+
+
+__all__ = [
+    "H100_SXM",
+    "LLAMA_7B",
+    "OPT_13B",
+    "AttentionFit",
+    "CostModel",
+    "DecodeParts",
+    "GpuCostModel",
+    "GpuSpec",
+    "Link",
+    "ModelSpec",
+    "SpanCost",
+    "fit_attention",
+]

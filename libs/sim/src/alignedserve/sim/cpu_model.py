@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from alignedserve.sim.cost import Link, SpanCost
+from alignedserve.sim.cost import DecodeParts, Link, SpanCost
 
 CALIBRATION_PATH = Path(__file__).resolve().parent / "cpu_smollm2.json"
 
@@ -204,6 +204,27 @@ class CpuCostModel:
         if not kv_lens:
             return SpanCost(0.0, 0.0)
         return SpanCost(self.decode_iteration_s(kv_lens), self._c.decode_per_kv_token_s * len(kv_lens))
+
+    def decode_parts(self, kv_lens: Sequence[int]) -> DecodeParts:
+        # sequences run one after another on the cores: no bubble, everything is "ideal" attention
+        c = self._c
+        fixed = self.decode_iteration_s(kv_lens) - c.decode_per_kv_token_s * sum(kv_lens) if kv_lens else 0.0
+        return DecodeParts(
+            fixed, c.decode_per_kv_token_s * sum(kv_lens), c.decode_per_kv_token_s * len(kv_lens)
+        )
+
+    def step_s(self, kv_lens: Sequence[int], chunks: Sequence[tuple[int, int]]) -> float:
+        """Not measured as one pass: a decode step plus a prefill pass of the chunks (an upper bound),
+        each chunk's n new tokens attending to its c earlier ones as well (n² + 2nc)."""
+        if not chunks:
+            return self.decode_iteration_s(kv_lens)
+        c = self._c
+        prefill = (
+            c.prefill_base_s
+            + c.prefill_per_token_s * sum(n for _, n in chunks)
+            + c.prefill_per_token_sq_s * sum(n * n + 2 * n * ctx for ctx, n in chunks)
+        )
+        return self.decode_iteration_s(kv_lens) + prefill
 
     def prefill_s(self, input_lens: Sequence[int]) -> float:
         if not input_lens:

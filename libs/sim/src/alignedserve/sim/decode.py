@@ -11,10 +11,12 @@ shrink, buffers are unchanged), so the skipped plans would have been empty too; 
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from alignedserve.batching.types import IterationState, ScheduledRequest
-from alignedserve.sim.cost import SpanCost
+from alignedserve.sim.cost import DecodeParts, SpanCost
+from alignedserve.sim.iterstats import IterationStats
 from alignedserve.sim.records import SimRequest
 
 
@@ -26,6 +28,7 @@ class Span:
     stall_s: float
     iterations: int
     cost: SpanCost
+    parts: DecodeParts  # where the first iteration's time goes (iterstats.py)
 
     def offset(self, iterations: int) -> float:
         """Time from `start` to the end of the first `iterations` iterations."""
@@ -43,8 +46,16 @@ class Span:
 class DecodeWorker:
     """State of one decode GPU. The cluster drives it; the scheduler decides for it."""
 
-    def __init__(self, index: int, capacity_blocks: int, block_size: int, max_batch: int | None) -> None:
+    def __init__(
+        self,
+        index: int,
+        capacity_blocks: int,
+        block_size: int,
+        max_batch: int | None,
+        growth_reserve: int = 0,
+    ) -> None:
         self.index = index
+        self.growth_reserve = growth_reserve
         self.capacity_blocks = capacity_blocks
         self.block_size = block_size
         self.max_batch = max_batch
@@ -57,14 +68,7 @@ class DecodeWorker:
         self.wake_at: float | None = None  # pending boundary of a worker with nothing running
         self.version = 0  # bumps whenever the pending boundary event is replaced
         self.staging_batch = False  # the batcher has formed the next batch for it (maybe in transfer)
-        # counters
-        self.iterations = 0
-        self.mixed_iterations = 0
-        self.decode_tokens = 0
-        self.evictions = 0
-        self.spread_iterations = 0  # sum over iterations of (longest - shortest prefix)
-        self.window_end = float("inf")  # tokens done by then count toward the steady-state throughput
-        self.window_tokens = 0
+        self.stats = IterationStats()
 
     # --- membership ---------------------------------------------------------------------------------
 
@@ -126,6 +130,7 @@ class DecodeWorker:
             candidate_batch=tuple(r.scheduled() for r in self.candidate_batch.values() if r.ready_at <= now),
             block_size=self.block_size,
             max_batch=self.max_batch,
+            growth_reserve=self.growth_reserve,
         )
 
     def next_ready_after(self, now: float) -> float | None:
@@ -139,57 +144,99 @@ class DecodeWorker:
     # --- spans ---------------------------------------------------------------------------------------
 
     def quiet_iterations(self) -> int:
-        """Most iterations the running batch can run unchanged: until a request finishes, or until the
-        blocks it grows into no longer fit the free ones (then the scheduler must evict)."""
-        until_finish = min(r.remaining for r in self.running.values())
-        free = self.free_blocks
-        size = self.block_size
-        # offsets: iterations until each request's next token opens a new block
-        offsets = [(-r.prefix) % size for r in self.running.values()]
-        if len(offsets) * (until_finish // size + 1) <= free:
-            return until_finish
+        """Most iterations the running batch can run unchanged (`quiet_iterations` below)."""
+        return quiet_iterations(self.running.values(), self.free_blocks, self.block_size)
 
-        def grown(k: int) -> int:  # blocks allocated over the first k iterations
-            return sum(1 + (k - 1 - off) // size for off in offsets if off < k)
-
-        lo, hi = 1, until_finish  # grown(1) <= free: the scheduler checked this iteration fits
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if grown(mid) <= free:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+    def switching_in(self) -> bool:
+        """The newest running batch is still being admitted from the candidate batch buffer."""
+        staged = next(iter(self.candidate_batch.values()), None)
+        return staged is not None and staged.batch_id == max(self.batch_counts)
 
     def advance(self, span: Span, iterations: int) -> list[SimRequest]:
         """Apply `iterations` iterations of `span`; returns the requests that finished."""
-        end = span.start + span.offset(iterations)
-        first_end = span.start + span.offset(1)
-        size = self.block_size
+        stats = self.stats
         running = self.running.values()
-        prefixes = [r.prefix for r in running]
-        finished = []
-        used = 0
-        for r in running:
-            prefix = r.prefix = r.prefix + iterations
-            r.remaining -= iterations
-            if r.decode_tokens == 0:
-                r.first_decode_at = first_end
-            r.decode_tokens += iterations
-            r.last_token_at = end
-            used += -(-prefix // size)  # blocks_for, inlined: this loop is the simulator's hot path
-            if r.remaining == 0:
-                finished.append(r)
-        self.used_blocks = used
-        self.iterations += iterations
-        tokens = iterations * len(prefixes)
-        self.decode_tokens += tokens
-        if end <= self.window_end:
-            self.window_tokens += tokens
-        elif span.start < self.window_end:  # the load stopped inside this span: count what came before
-            done = span.cost.iterations_within(self.window_end - span.start - span.stall_s)
-            self.window_tokens += min(done, iterations) * len(prefixes)
+        lo, hi = min(r.prefix for r in running), max(r.prefix for r in running)
+        misaligned = False
         if len(self.batch_counts) > 1:
-            self.mixed_iterations += iterations
-        self.spread_iterations += (max(prefixes) - min(prefixes)) * iterations
+            stats.mixed_iterations += iterations
+            if self.switching_in():
+                stats.switch_iterations += iterations
+            misaligned = origins_apart(running)
+        stats.spread_iterations += (hi - lo) * iterations
+        bubble = stats.add_span(span.cost, span.parts, iterations, span.stall_s)
+        if misaligned:
+            stats.misaligned_iterations += iterations
+            stats.misaligned_bubble_s += bubble
+        self.used_blocks, finished = advance_tokens(running, span, iterations, self.block_size, stats)
         return finished
+
+
+def origins_apart(running: Iterable[SimRequest]) -> bool:
+    """Whether the origin batches' prefix ranges leave a gap: the iteration mixes prefix lengths that no
+    single batch would, i.e. it violates the alignment (the paper's misaligned batch-switch iteration)."""
+    ranges: dict[int, list[int]] = {}
+    for r in running:
+        found = ranges.get(r.batch_id)
+        if found is None:
+            ranges[r.batch_id] = [r.prefix, r.prefix]
+        elif r.prefix < found[0]:
+            found[0] = r.prefix
+        elif r.prefix > found[1]:
+            found[1] = r.prefix
+    reach = -1
+    for lo, hi in sorted(ranges.values()):
+        if reach >= 0 and lo > reach:
+            return True
+        reach = max(reach, hi)
+    return False
+
+
+def quiet_iterations(running: Collection[SimRequest], free: int, size: int) -> int:
+    """Most iterations a batch can run unchanged: until a request finishes, or until the blocks it grows
+    into no longer fit the `free` ones (then the scheduler must evict or preempt)."""
+    until_finish = min(r.remaining for r in running)
+    # offsets: iterations until each request's next token opens a new block
+    offsets = [(-r.prefix) % size for r in running]
+    if len(offsets) * (until_finish // size + 1) <= free:
+        return until_finish
+
+    def grown(k: int) -> int:  # blocks allocated over the first k iterations
+        return sum(1 + (k - 1 - off) // size for off in offsets if off < k)
+
+    lo, hi = 1, until_finish  # grown(1) <= free: the scheduler checked this iteration fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if grown(mid) <= free:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def advance_tokens(
+    running: Collection[SimRequest], span: Span, iterations: int, size: int, stats: IterationStats
+) -> tuple[int, list[SimRequest]]:
+    """Every request of an unchanged batch decodes `iterations` tokens; returns (blocks held, finished).
+    Counts the tokens in `stats`, and those done by each of its throughput marks."""
+    end = span.start + span.offset(iterations)
+    first_end = span.start + span.offset(1)
+    finished = []
+    used = 0
+    for r in running:
+        prefix = r.prefix = r.prefix + iterations
+        r.remaining -= iterations
+        if r.decode_tokens == 0:
+            r.first_decode_at = first_end
+        r.decode_tokens += iterations
+        r.last_token_at = end
+        used += -(-prefix // size)  # blocks_for, inlined: this loop is the simulator's hot path
+        if r.remaining == 0:
+            finished.append(r)
+    n = len(running)
+
+    def done_by(mark: float) -> int:
+        return min(span.cost.iterations_within(mark - span.start - span.stall_s), iterations) * n
+
+    stats.count_tokens(iterations * n, span.start, end, done_by)
+    return used, finished

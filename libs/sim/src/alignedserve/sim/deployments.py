@@ -1,7 +1,9 @@
 """Named sets of defaults a simulated run starts from (`alignedserve sim --deployment NAME`).
 
 - `paper`: the paper's GPU setting — 4 prefill + 4 decode H100s, OPT-13B, K_min 128 for the
-  prefix-aware policies (1 for fcfs), at most 256 running, no aging, 8,192-token prefill passes.
+  prefix-aware policies (1 for fcfs), at most 256 running, no aging, 8,192-token prefill passes; the
+  scheduler admits with one block of growth headroom per running request (`growth_reserve` 1, our
+  improvement over the paper's rule; `--growth-reserve 0` runs the paper's rule).
 - `stack`: this repository's services with their default configuration (`alignedserve up`), on the
   CPU cost model — the batcher's K_min 16, max batch 64, fill 0.85, aging after 10 s, range slack 64
   and quad-tree range 32,768 (services/batcher/config.py); dynamic prefetch for every policy (the
@@ -38,6 +40,7 @@ class Deployment:
     max_prefill_tokens: int
     dynamic_prefetch_policies: frozenset[str]
     compute: str  # "dedicated": a device per worker; "shared": every engine on the same cores
+    growth_reserve: int = 0  # admission headroom (IterationState.growth_reserve); 0: the paper's rule
 
     def min_batch_for(self, policy: str) -> int:
         return self.fcfs_min_batch if policy == "fcfs" else self.min_batch
@@ -60,6 +63,7 @@ class Deployment:
             batcher_retry_s=self.starvation_s / 4 if self.starvation_s else None,
             arrivals=arrivals,
             compute=self.compute,
+            growth_reserve=self.growth_reserve,
         )
 
 
@@ -78,6 +82,7 @@ PAPER = Deployment(
     max_prefill_tokens=8192,
     dynamic_prefetch_policies=frozenset({"aligned", "window"}),
     compute="dedicated",
+    growth_reserve=1,
 )
 
 STACK = Deployment(

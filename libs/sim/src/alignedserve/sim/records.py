@@ -29,6 +29,7 @@ class SimRequest:
         "ready_at",
         "remaining",
         "request_id",
+        "target",
     )
 
     def __init__(self, index: int, arrival: float, input_len: int, output_len: int, block_size: int) -> None:
@@ -39,6 +40,9 @@ class SimRequest:
         self.output_len = output_len
         self.block_size = block_size
         self.prefix = input_len  # tokens in its KV cache
+        # tokens its KV must hold before it decodes: the prompt; a co-located engine that preempts it
+        # recomputes everything it had (baselines/); its prefill then counts up `prefix` from 0
+        self.target = input_len
         self.remaining = output_len - 1  # decode iterations left (prefill made the first token)
         self.decode_tokens = 0
         self.batch_id = -1
@@ -49,6 +53,11 @@ class SimRequest:
         self.last_token_at = UNSET
         self.ready_at = 0.0  # KV staged in a candidate buffer (prefetch done) at this time
         self.in_pool = False  # its KV is held by the host pool now
+
+    @property
+    def final_len(self) -> int:
+        """Prompt + output tokens: the length DistServe reserves."""
+        return self.input_len + self.output_len
 
     @property
     def blocks(self) -> int:

@@ -31,6 +31,7 @@ from alignedserve.transfer.errors import (
     TransferFailed,
     TransferTimeout,
 )
+from alignedserve.transfer.negotiation import UcxNegotiation, memory_kind, negotiation
 from alignedserve.transfer.runtime import UCX
 from alignedserve.transfer.server import DEFAULT_CHUNK_BYTES, destination_view
 from alignedserve.transfer.wire import (
@@ -86,6 +87,13 @@ class ClientStats:
     bytes_received: int = 0
     bytes_sent: int = 0
     retried_errors: list[str] = field(default_factory=list)
+    # (direction "received" | "sent", this side's memory "cuda" | "host") -> bytes moved
+    bytes_by_memory: dict[tuple[str, str], int] = field(default_factory=dict)
+    negotiation: UcxNegotiation | None = None  # the UCX context's transports, once connected
+
+    def count(self, direction: str, view: ByteView) -> None:
+        key = (direction, memory_kind(view))
+        self.bytes_by_memory[key] = self.bytes_by_memory.get(key, 0) + view.nbytes
 
 
 class TransferClient:
@@ -179,6 +187,7 @@ class TransferClient:
         finally:
             connection.close_mailbox(transfer_id)
         self.stats.bytes_received += offer.nbytes
+        self.stats.count("received", view)
         return PulledKV(key, offer.header, offer.nbytes, destination.buffer, attempt)
 
     async def _push_once(
@@ -200,6 +209,7 @@ class TransferClient:
         if not done.ok:
             raise ChecksumMismatch(offer.key, offer.checksum, done.checksum)
         self.stats.bytes_sent += offer.nbytes
+        self.stats.count("sent", payload)
         return attempt
 
     async def _connection(self, peer: PeerAddress) -> Connection:
@@ -217,6 +227,7 @@ class TransferClient:
     async def _connect(self, peer: PeerAddress) -> Connection:
         if self._ucxx is None:
             self._ucxx = UCX.acquire()
+            self.stats.negotiation = negotiation(self._ucxx)
         try:
             endpoint = await self._ucxx.create_endpoint(
                 peer.host, peer.port, connect_timeout=self.policy.connect_timeout_s

@@ -20,6 +20,7 @@ from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.loader import LoadedModel
 from alignedserve.service.entry import run_service
 from alignedserve.service.logs import get_logger
+from alignedserve.service.ops_metrics import register_transfer_metrics
 from alignedserve.service.worker import WorkerRuntime
 from alignedserve.transfer import RetryPolicy, TransferEndpoint
 
@@ -36,6 +37,7 @@ async def serve(settings: DecodeSettings, loaded: LoadedModel | None = None) -> 
     runtime = WorkerRuntime(ServiceKind.DECODE, settings, registry)
     policy = RetryPolicy(attempts=settings.transfer_attempts, attempt_timeout_s=settings.transfer_timeout_s)
     endpoint = TransferEndpoint(policy=policy)
+    register_transfer_metrics(registry, lambda: endpoint.client.stats)
     await runtime.start()  # /health answers while the model loads
     try:
         engine = await asyncio.to_thread(LLMEngine, settings.engine_config(), loaded)

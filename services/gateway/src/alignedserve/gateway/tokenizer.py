@@ -1,7 +1,7 @@
 """The gateway's tokenizer: prompts and chat messages to token ids, with the model's own chat template.
 
 Loaded offline, without torch, from the same source the engine loads (`alignedserve.core.models.resolve`):
-for a GGUF model the tokenizer and its chat template come from the GGUF metadata (`gguf_tokenizer.py`,
+for a GGUF model the tokenizer and its chat template come from the GGUF metadata (`alignedserve.tokenizer`,
 converted once and cached), for an HF directory from its tokenizer files and config.json.
 """
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from alignedserve.core.models import ModelLoadError, cache_root, resolve
-from alignedserve.gateway.gguf_tokenizer import load_gguf_tokenizer
+from alignedserve.core.models import ModelLoadError, resolve
+from alignedserve.tokenizer.gguf import load_gguf_tokenizer
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def load_prompt_tokenizer(model: str, tokenizer: str | None, max_model_len: int 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     source = resolve(tokenizer or model)
     if source.gguf_file is not None:
-        gguf = load_gguf_tokenizer(source.path / source.gguf_file, cache_root())
+        gguf = load_gguf_tokenizer(source.path / source.gguf_file)
         hf_tokenizer: Any = gguf.tokenizer
         # what the gateway reads of a config; transformers builds a GGUF's config only with torch
         config: Any = SimpleNamespace(

@@ -22,6 +22,7 @@ from alignedserve.kvpool.config import KvPoolSettings
 from alignedserve.kvpool.index import PoolIndex
 from alignedserve.service.entry import run_service
 from alignedserve.service.logs import get_logger
+from alignedserve.service.ops_metrics import register_transfer_metrics
 from alignedserve.service.worker import WorkerRuntime
 from alignedserve.transfer import KVRegistry, TransferEndpoint
 from alignedserve.transfer.kv_store import KvStore, StoreSink
@@ -80,6 +81,7 @@ async def serve(settings: KvPoolSettings) -> int:
     served = KVRegistry()  # what the pool serves now: the entries an announcement may name
     ended = SeenIds(ENDED_IDS)  # requests cancelled or finished: a late push of theirs is not kept
     endpoint = TransferEndpoint(served, StoreSink(store, served, on_commit=stored.inc, cancelled=ended))
+    register_transfer_metrics(registry, lambda: endpoint.client.stats)
     await runtime.start()
     try:
 

@@ -15,6 +15,7 @@ from alignedserve.prefill.metrics import PrefillMetrics
 from alignedserve.prefill.worker import PrefillWorker
 from alignedserve.service.entry import run_service
 from alignedserve.service.logs import get_logger
+from alignedserve.service.ops_metrics import register_transfer_metrics
 from alignedserve.service.worker import WorkerRuntime
 from alignedserve.transfer import KVRegistry, TransferEndpoint
 from alignedserve.transfer.kv_store import KvStore, StoreSink
@@ -30,6 +31,7 @@ async def serve(settings: PrefillSettings) -> int:
     staging = KvStore(int(settings.staging_bytes))
     sink = StoreSink(staging, served)
     endpoint = TransferEndpoint(served, sink)
+    register_transfer_metrics(registry, lambda: endpoint.client.stats)
     try:
         engine = await asyncio.to_thread(LLMEngine, settings.engine_config())
         address = await endpoint.start(settings.advertise_host, settings.transfer_port)

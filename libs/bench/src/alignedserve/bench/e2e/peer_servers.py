@@ -21,7 +21,8 @@ from typing import Protocol
 from alignedserve.bench.e2e.hf_weights import export_gguf_as_hf
 from alignedserve.bench.e2e.runs import TOKENIZER, Target
 from alignedserve.bench.e2e.servers import ServerProcess
-from alignedserve.loadgen.tokenizer import SMOLLM2_GGUF, cache_root, packaged_gguf
+from alignedserve.core.models import SMOLLM2_GGUF, cache_root
+from alignedserve.loadgen.tokenizer import packaged_gguf
 
 STAMP = ".alignedserve-peer-complete"
 PY_VERSION = "python3.11"

@@ -1,5 +1,6 @@
-"""The gateway's own GGUF metadata reader (`gguf_tokenizer.read_metadata`, torch-free) on a small file
-written with the `gguf` package: scalars, strings, numeric arrays, and string arrays in full or as a count."""
+"""The torch-free GGUF metadata reader (`alignedserve.tokenizer.gguf_metadata.read_metadata`, which the
+gateway and the load generator share) on a small file written with the `gguf` package: scalars, strings,
+numeric arrays, and string arrays in full or as a count."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import gguf
 import pytest
 
 from alignedserve.core.models import ModelLoadError
-from alignedserve.gateway.gguf_tokenizer import read_metadata
+from alignedserve.tokenizer.gguf_metadata import read_metadata
 
 
 def _write(path: Path) -> None:

@@ -1,0 +1,166 @@
+"""Decode attention backends: how one iteration's rows attend to their paged K/V.
+
+A `DecodeBackend` is chosen once per engine (`EngineConfig.decode_backend`, `select_backend`);
+`begin` is called once per decode iteration with the batch's shape and returns the `DecodeStep` every
+layer calls (its K/V already written to the paged cache). Backends:
+
+- `SdpaDecode` ("torch"): the per-batch-shape groupings of `alignedserve.engine.attention` (gather or
+  staged K/V, then SDPA). Every device; the CPU default.
+- `TritonDecode` ("triton", `triton_backend.py`): the paged Triton kernel of `triton_decode.py`. The CUDA
+  default where Triton imports.
+- `ReferenceDecode` ("reference"): `paged_decode_reference`, one plain softmax per row read straight
+  off the block table. Slow; the ground truth the others are tested against.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from alignedserve.engine.attention import DecodeGrouping, decode_attention, plan_decode
+from alignedserve.engine.config import DECODE_BACKENDS
+from alignedserve.engine.decode_kv import DecodeKv, GatheredKv
+from alignedserve.engine.kv_cache import PagedKvCache
+
+__all__ = ["DECODE_BACKENDS"]
+
+
+class DecodeStep(Protocol):
+    """One iteration's attention. query: [B, heads, d]; new_kv: the new tokens' K/V, each [B, kvh, d]
+    (already in `cache`) -> [B, heads, d]."""
+
+    strategy: str  # what IterationTiming records
+
+    def __call__(
+        self,
+        cache: PagedKvCache,
+        layer: int,
+        query: torch.Tensor,
+        scale: float,
+        new_kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor: ...
+
+
+class DecodeBackend(Protocol):
+    name: str
+
+    def begin(self, seq_ids: list[int], context_lens: list[int], block_tables: list[list[int]]) -> DecodeStep:
+        """seq_ids identify rows across iterations; context_lens include the new token."""
+        ...
+
+    def reset(self) -> None:
+        """Something other than decode (prefill, import) wrote the paged cache."""
+        ...
+
+
+class GroupingSelector:
+    """Chooses the decode grouping for a batch shape (see `alignedserve.engine.attention`)."""
+
+    def select(self, context_lens: list[int]) -> DecodeGrouping:
+        raise NotImplementedError
+
+
+class FixedGrouping(GroupingSelector):
+    def __init__(self, grouping: DecodeGrouping) -> None:
+        self.grouping = grouping
+
+    def select(self, context_lens: list[int]) -> DecodeGrouping:
+        return self.grouping
+
+
+class _SdpaStep:
+    def __init__(self, strategy: str, plan: list[object], kv: DecodeKv) -> None:
+        self.strategy = strategy
+        self.plan = plan
+        self.kv = kv
+
+    def __call__(
+        self,
+        cache: PagedKvCache,
+        layer: int,
+        query: torch.Tensor,
+        scale: float,
+        new_kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        return decode_attention(cache, layer, query, self.plan, scale, self.kv, new_kv)  # type: ignore[arg-type]
+
+
+class SdpaDecode:
+    """Groups of rows, each one SDPA call over gathered (or staged) K/V; the grouping by batch shape."""
+
+    name = "torch"
+
+    def __init__(
+        self, selector: GroupingSelector, block_size: int, device: torch.device, kv: DecodeKv | None = None
+    ) -> None:
+        self.selector = selector
+        self.block_size = block_size
+        self.device = device
+        self.kv: DecodeKv = kv or GatheredKv()
+
+    def begin(self, seq_ids: list[int], context_lens: list[int], block_tables: list[list[int]]) -> DecodeStep:
+        grouping = self.selector.select(context_lens)
+        plan = plan_decode(grouping, context_lens, block_tables, self.block_size, self.device)
+        self.kv.begin(seq_ids, plan)
+        return _SdpaStep(grouping.name, list(plan), self.kv)
+
+    def reset(self) -> None:
+        self.kv.reset()
+
+
+class _ReferenceStep:
+    strategy = "reference"
+
+    def __init__(self, context_lens: list[int], block_tables: list[list[int]]) -> None:
+        self.context_lens = context_lens
+        self.block_tables = block_tables
+
+    def __call__(
+        self,
+        cache: PagedKvCache,
+        layer: int,
+        query: torch.Tensor,
+        scale: float,
+        new_kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        tables = [torch.tensor(t, dtype=torch.int64, device=query.device) for t in self.block_tables]
+        return paged_decode_reference(
+            query, cache.keys[layer], cache.values[layer], tables, self.context_lens, scale
+        )
+
+
+class ReferenceDecode:
+    """`paged_decode_reference` behind the backend interface (tests and debugging)."""
+
+    name = "reference"
+
+    def begin(self, seq_ids: list[int], context_lens: list[int], block_tables: list[list[int]]) -> DecodeStep:
+        return _ReferenceStep(context_lens, block_tables)
+
+    def reset(self) -> None:
+        pass
+
+
+def paged_decode_reference(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    block_tables: list[torch.Tensor],
+    context_lens: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """The definition, row by row in float32. query: [B, heads, d]; keys, values: [num_blocks, bs, kvh,
+    d]; block_tables[i]: [>= ceil(len_i / bs)] int64 -> [B, heads, d] in the query's dtype. Query head
+    j reads KV head j // (heads / kvh), as SDPA's enable_gqa and transformers' repeat_kv."""
+    _, block_size, kv_heads, dim = keys.shape
+    group = query.shape[1] // kv_heads
+    out = torch.empty_like(query)
+    for row, length in enumerate(context_lens):
+        blocks = block_tables[row][: -(-length // block_size)]
+        k = keys[blocks].reshape(-1, kv_heads, dim)[:length].float()  # [L, kvh, d]
+        v = values[blocks].reshape(-1, kv_heads, dim)[:length].float()
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [L, heads, d]
+        scores = torch.einsum("hd,lhd->hl", query[row].float(), k) * scale
+        out[row] = torch.einsum("hl,lhd->hd", scores.softmax(dim=-1), v).to(query.dtype)
+    return out

