@@ -14,7 +14,7 @@ DIST           ?= dist
 # the workspace: one distribution per folder that has a pyproject.toml (docs/architecture.md)
 MEMBERS := $(patsubst %/pyproject.toml,%,$(wildcard libs/*/pyproject.toml services/*/pyproject.toml loadgen/pyproject.toml))
 
-.PHONY: setup dist run test unit lint typecheck bench bench-e2e bench-peers clean redis deploy-tools locks gpu-check gpu-wheels
+.PHONY: setup dist run test unit lint typecheck bench bench-e2e bench-peers paper sim-speed clean redis deploy-tools locks gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -110,6 +110,17 @@ bench-e2e: setup redis
 
 bench-peers: setup redis
 	$(BIN)/python -m alignedserve.bench.e2e.peers --out docs/benchmarks.md
+
+# The paper's evaluation in the simulator (docs/paper-vs-sim.md, docs/simulator.md): every table, all
+# baselines, ~10 minutes on 2 cores; the raw summaries go to docs/data/paper-vs-sim.json.
+PAPER_JOBS ?= 2
+
+paper: setup
+	$(BIN)/alignedserve bench paper --jobs $(PAPER_JOBS) --out docs/paper-vs-sim.md --json-out docs/data/paper-vs-sim.json
+
+# The simulator's own speed: 100,000 requests of the Azure trace's distribution, once per policy.
+sim-speed: setup
+	$(BIN)/alignedserve bench sim-speed --json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -2,6 +2,10 @@
 
     python docker/locks/compile.py           # write docker/locks/*.txt (what `make locks` runs)
     python docker/locks/compile.py --check   # exit 1 if a lock differs from a fresh resolution
+    python docker/locks/compile.py --check --offline   # the same from uv's cache alone (no network)
+
+Exit status: 0 written / up to date, 1 stale, 3 uv could not resolve (its error on stderr: a conflict, or
+PyPI unreachable; with --offline, a release missing from uv's cache).
 
 Each lock is the full set of third-party distributions an image variant may install, pinned; the images
 install a role's distribution with `pip install --constraint <lock>` (docker/Dockerfile). Resolutions are
@@ -27,6 +31,7 @@ REPO = HERE.parents[1]
 EXCLUDE_NEWER = "2026-11-30T00:00:00Z"
 PLATFORM = "x86_64-manylinux_2_28"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+UNRESOLVED = 3  # exit status when uv fails: told apart from a stale lock (1)
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,7 @@ LOCKS = (
 def workspace_members() -> list[str]:
     """The distributions of this workspace: built into wheels by the images, not locked."""
     names = []
-    for pyproject in sorted(REPO.glob("*/*/pyproject.toml")) + [REPO / "loadgen" / "pyproject.toml"]:
+    for pyproject in [*sorted(REPO.glob("*/*/pyproject.toml")), REPO / "loadgen" / "pyproject.toml"]:
         for line in pyproject.read_text(encoding="utf-8").splitlines():
             if line.startswith("name = "):
                 names.append(line.split("=", 1)[1].strip().strip('"'))
@@ -71,13 +76,15 @@ def uv() -> str:
     return found
 
 
-def compile_lock(lock: Lock, out: Path) -> None:
+def compile_lock(lock: Lock, out: Path, offline: bool = False) -> None:
     cmd = [
         uv(), "pip", "compile", "pyproject.toml", *(str(HERE / name) for name in lock.inputs),
         "--output-file", str(out), "--python-version", lock.python, "--python-platform", PLATFORM,
         "--exclude-newer", EXCLUDE_NEWER, "--no-python-downloads", "--quiet",
         "--custom-compile-command", "make locks", "--index-url", "https://pypi.org/simple",
     ]  # fmt: skip
+    if offline:  # resolve from uv's cache: the same pins, since EXCLUDE_NEWER hides later uploads
+        cmd.append("--offline")
     for name in lock.overrides:
         cmd += ["--override", str(HERE / name)]
     for member in workspace_members():
@@ -99,18 +106,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="compare with a fresh resolution; write nothing")
     parser.add_argument("--lock", action="append", choices=[lock.name for lock in LOCKS], help="only these")
+    parser.add_argument("--offline", action="store_true", help="resolve from uv's cache, never the network")
     args = parser.parse_args(argv)
     stale = 0
     for lock in LOCKS:
         if args.lock and lock.name not in args.lock:
             continue
-        if not args.check:
-            compile_lock(lock, lock.path)
-            print(f"wrote {lock.path.relative_to(REPO)}")
-            continue
         with tempfile.TemporaryDirectory() as tmp:
             fresh = Path(tmp) / "lock.txt"
-            compile_lock(lock, fresh)
+            try:
+                compile_lock(lock, fresh if args.check else lock.path, args.offline)
+            except subprocess.CalledProcessError:
+                print(f"{lock.name}: uv could not resolve it (its error above)", file=sys.stderr)
+                return UNRESOLVED
+            if not args.check:
+                print(f"wrote {lock.path.relative_to(REPO)}")
+                continue
             want, have = pins(fresh.read_text()), pins(lock.path.read_text())
         if want != have:
             stale += 1

@@ -47,7 +47,7 @@ def pod_name(owner: str) -> str:
 
 
 def containers(install: Rendered) -> Iterator[tuple[str, str, dict[str, Any], dict[str, Any]]]:
-    """(owner name, kind, pod spec, container) of every container the chart runs."""
+    """(owner name, kind, pod spec, container) of every container the chart runs, init containers too."""
     for manifest in install.manifests:
         if manifest["kind"] == "Deployment":
             spec = manifest["spec"]["template"]["spec"]
@@ -55,7 +55,7 @@ def containers(install: Rendered) -> Iterator[tuple[str, str, dict[str, Any], di
             spec = manifest["spec"]
         else:
             continue
-        for container in spec["containers"]:
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:  # init ones run first
             yield manifest["metadata"]["name"], manifest["kind"], spec, container
 
 
@@ -87,7 +87,7 @@ class Pod:
                 (folder / item["path"]).write_text("secret-from-the-test\n")
             self.mounts[volume["name"]] = folder
         self.paths: dict[str, Path] = {}
-        for container in spec["containers"]:
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
             for mount in container.get("volumeMounts", []):
                 if mount["name"] in self.mounts:
                     self.paths[mount["mountPath"]] = self.mounts[mount["name"]]
@@ -244,6 +244,36 @@ def test_check_config_exits_2_saying_what_is_wrong_and_how_to_fix_it(
     code, out = run_check_config(["alignedserve", service], env, monkeypatch, capsys)
     assert code == 2
     assert complaint in out and "fix it where the value is set" in out
+
+
+# one wrong value for every command the chart runs: (argv, env, what the answer must name, how to fix it)
+WRONG = {
+    "gateway": (["alignedserve", "gateway"], {"ALIGNEDSERVE_GATEWAY_PORT": "80000"}, "ALIGNEDSERVE_GATEWAY_PORT"),
+    "prefill": (["alignedserve", "prefill"], {"ALIGNEDSERVE_PREFILL_KV_CACHE_BYTES": "512Mi"},
+                "ALIGNEDSERVE_PREFILL_KV_CACHE_BYTES"),
+    "decode": (["alignedserve", "decode"], {"ALIGNEDSERVE_DECODE_MAX_NUM_SEQS": "lots"},
+               "ALIGNEDSERVE_DECODE_MAX_NUM_SEQS"),
+    "kvpool": (["alignedserve", "kvpool", "--transfer-port", "-1"], {}, "--transfer-port"),
+    "batcher": (["alignedserve", "batcher"], {"ALIGNEDSERVE_BATCHER_POLICY": "lifo"}, "ALIGNEDSERVE_BATCHER_POLICY"),
+}  # fmt: skip
+FIX = "fix it where the value is set"
+
+
+@pytest.mark.parametrize("command", [*sorted(WRONG), "loadgen"])
+def test_every_command_the_chart_runs_refuses_a_wrong_value_with_exit_2_and_how_to_fix_it(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if command == "loadgen":  # the helm test's command: --fail-on-slo without a target to gate on
+        argv = ["alignedserve-loadgen", "--endpoint", "http://gw:8000", "--model", "m", "--synthetic",
+                "--concurrency", "2", "--fail-on-slo"]  # fmt: skip
+        code, out = run_check_config(argv, {}, monkeypatch, capsys)
+        assert code == 2 and "--fail-on-slo needs a target: --slo-ttft-ms" in out, out
+        return
+    argv, env, named = WRONG[command]
+    code, out = run_check_config(argv, env, monkeypatch, capsys)
+    assert code == 2, out
+    assert named in out and FIX in out and f"alignedserve {command} --help" in out, out
+    assert "the configuration is valid" not in out
 
 
 def test_the_real_command_line_agrees(rendered: dict[str, Rendered], tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ import pytest
 from chart_support import CHART, KUBE_VERSION, NAMESPACE, RELEASE, VALUE_SETS, Rendered, fullname, helm
 from custom_resources import PROMETHEUS_TRIGGER_METADATA, SCHEMAS
 
+from alignedserve.loadgen.cli import build_parser, gate_from_args
+
 COMPONENTS = ("gateway", "prefill", "decode", "kvpool", "batcher")
 FN = fullname()
 
@@ -255,3 +257,26 @@ def test_network_policies_keep_the_data_plane_among_its_workers(rendered: dict[s
         RELEASE
         in install.get("NetworkPolicy", f"{FN}-gateway")["metadata"]["labels"]["app.kubernetes.io/instance"]
     )
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_helm_test_runs_the_load_generators_slo_gate(rendered: dict[str, Rendered], value_set: str) -> None:
+    """`helm test` is the load generator against the gateway's Service, with a gate that fails the hook
+    (exit 3) on a missed SLO: its args read by the load generator's own parser."""
+    install = rendered[value_set]
+    pod = install.get("Pod", f"{FN}-slo-test")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    (container,) = pod["spec"]["containers"]
+    assert container["command"] == ["alignedserve-loadgen"]
+    argv = list(container["args"])
+    if "--api-key-file" in argv:  # read as it is parsed: a file of the pod's, mounted from the Secret
+        at = argv.index("--api-key-file")
+        mounts = [m["mountPath"] for m in container["volumeMounts"]]
+        assert argv[at + 1].rpartition("/")[0] in mounts
+        del argv[at : at + 2]
+    args = build_parser().parse_args(argv)
+    port = install.values.get("gateway", {}).get("port", 8000)
+    assert args.endpoint == f"http://{FN}-gateway:{port}"
+    assert args.fail_on_slo and gate_from_args(args).any
+    assert args.wait_ready > 0  # the gateway may still be loading its tokenizer

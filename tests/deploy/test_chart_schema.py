@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+import values_reference
 from chart_support import CHART, NAMESPACE, helm
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
@@ -81,3 +82,17 @@ def test_every_key_of_the_defaults_is_in_the_schema_and_every_object_is_closed()
 def test_the_batcher_schema_says_why_it_is_a_singleton() -> None:
     replicas = SCHEMA["properties"]["batcher"]["properties"]["replicas"]
     assert replicas["maximum"] == 1 and "singleton" in replicas["description"]
+
+
+def test_every_key_is_described_and_the_readme_reference_is_current() -> None:
+    """helm/alignedserve/README.md documents every key (type, range, default, meaning) from the schema."""
+    undescribed = [
+        ".".join(path) for path, node in values_reference.leaves(SCHEMA) if not node.get("description")
+    ]
+    assert not undescribed, f"values.schema.json: describe {undescribed}"
+    readme = (CHART / "README.md").read_text()
+    assert values_reference.with_reference(readme) == readme, (
+        "helm/alignedserve/README.md's values reference is stale: python tests/deploy/values_reference.py"
+    )
+    for path, _ in values_reference.leaves(SCHEMA):
+        assert f"| `{'.'.join(path)}` |" in readme

@@ -42,3 +42,8 @@ def test_gpu_check_runs_on_cpu() -> None:
     assert len({r["tokens"] for r in runs}) == 1  # every run decodes the whole pool
     assert set(result["motivating"]["mixed_over_short"]) == {"torch", "triton"}
     assert result["ucx"]["cases"] and result["ucx"]["ucx"]["transports"]
+    targets = result["targets"]  # judged from the figures above; on CPU none is a GPU figure
+    assert targets["device"] == "cpu" and targets["decode_hbm_share"]["met"] is None  # no batch >= 64
+    assert targets["ucx_over_copy"]["met"] is None and "not a GPU figure" in targets["ucx_over_copy"]["why"]
+    assert targets["ucx_over_copy"]["target"] == 0.7 and targets["mixed_over_short"]["paper"] == 1.61
+    assert set(targets["aligned_over_fcfs"]["value"]) == {"on", "off"}

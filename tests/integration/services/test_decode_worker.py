@@ -50,6 +50,7 @@ from alignedserve.engine.kv_envelope import KvEnvelope
 from alignedserve.engine.loader import LoadedModel
 from alignedserve.transfer import KVRegistry, TransferEndpoint
 from alignedserve.transfer.kv_store import KvStore, StoreSink
+from alignedserve.transfer.memory import TorchMemory
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -135,7 +136,7 @@ class Peers:
         self.pool_store = KvStore(64 << 20)
         pool_served = KVRegistry()
         self.pool = TransferEndpoint(pool_served, StoreSink(self.pool_store, pool_served))
-        self.stage_store = KvStore(64 << 20)
+        self.stage_store = KvStore(64 << 20, TorchMemory("cpu"))  # as the prefill worker builds it
         self.stage_served = KVRegistry()
         self.stage = TransferEndpoint(self.stage_served, StoreSink(self.stage_store, self.stage_served))
         self.inbox = Inbox()

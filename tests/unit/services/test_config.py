@@ -137,3 +137,16 @@ def test_every_service_command_has_check_config(tmp_path: Path, capsys: pytest.C
     assert up_main(["--check-config", "--prefill", "2", "--prefetch", "off"]) == 0
     assert up_main(["--check-config", "--decode", "0"]) == 2
     assert "--decode (or env ALIGNEDSERVE_UP_DECODE / ALIGNEDSERVE_DECODE)" in capsys.readouterr().err
+
+
+def test_each_worker_takes_its_device_and_decode_backend_from_config(tmp_path: Path) -> None:
+    """`--device cuda:N` per worker (from a flag, a config file or env) reaches the engine as is."""
+    from alignedserve.decode.config import DecodeSettings
+
+    path = toml(tmp_path, "device = 'cuda:3'\ndtype = 'bfloat16'\ndecode_backend = 'triton'\n")
+    config = DecodeSettings.from_argv(["--config", path]).engine_config()
+    assert (config.device, config.dtype, config.decode_backend) == ("cuda:3", "bfloat16", "triton")
+    assert DecodeSettings.from_argv(["--device", "cuda"]).engine_config().decode_backend == "auto"
+    for wrong in (["--device", "gpu0"], ["--device", "cuda:x"], ["--decode-backend", "flash"]):
+        with pytest.raises(ConfigError):
+            DecodeSettings.from_argv(wrong)

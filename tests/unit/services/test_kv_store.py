@@ -6,6 +6,7 @@ import pytest
 
 from alignedserve.transfer import KVRegistry, PushRejected
 from alignedserve.transfer.kv_store import KvStore, PoolFull, StoreSink, UnknownEntry
+from alignedserve.transfer.memory import HostMemory, TorchMemory, pool_memory
 
 
 def test_reserve_counts_bytes_and_commit_makes_the_entry_readable() -> None:
@@ -163,3 +164,23 @@ def test_sink_drops_a_push_cancelled_while_it_arrived() -> None:
     ended.add("a")
     sink.commit("a", b"", buffer)
     assert "a" not in served and store.used_bytes == 0
+
+
+def test_payloads_come_from_the_stores_memory_strategy() -> None:
+    """Candidate buffers on the worker's device (a uint8 tensor; device "cpu" here), budget as before."""
+    torch = pytest.importorskip("torch")
+    store = KvStore(100, TorchMemory("cpu"))
+    buffer = store.reserve("a", b"", 40)
+    assert isinstance(buffer, torch.Tensor) and buffer.dtype == torch.uint8 and buffer.numel() == 40
+    assert store.used_bytes == 40 and store.memory.kind == "cpu"
+    store.release("a")
+    assert store.used_bytes == 0
+    assert isinstance(KvStore(10).reserve("b", b"", 4), bytearray)  # the default: pageable host bytes
+
+
+def test_pinned_memory_is_host_memory_and_the_pool_pins_only_with_a_gpu() -> None:
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="pinned memory is host memory"):
+        TorchMemory("cuda:0", pinned=True)
+    assert pool_memory().kind == ("pinned" if torch.cuda.is_available() else "host")
+    assert isinstance(HostMemory().allocate(3), bytearray)

@@ -24,6 +24,7 @@ def test_tiny_paper_run_writes_every_section(tmp_path: Path) -> None:
         "### Synthetic mixes (Fig. 7, Fig. 9)",
         "### Application workloads (Fig. 8, Fig. 10)",
         "### Where the time goes",
+        "### Why the advantage is smaller than the paper's",
         "### Forward latency as long requests grow (Fig. 12)",
         "### Iteration time distribution (Fig. 13)",
         "### GPU prefetch and prefix-aware batching ablation (Fig. 14)",

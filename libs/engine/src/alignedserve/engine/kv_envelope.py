@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import msgpack
+import torch
 
 from alignedserve.engine.kv_export import KvExport, KvHeader
 
@@ -49,8 +50,9 @@ class KvEnvelope:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise EnvelopeError(f"malformed KV envelope: {exc!r}") from exc
 
-    def export(self, payload: bytes | bytearray | memoryview) -> KvExport:
-        """The received payload as an importable KvExport (no copy for a writable buffer)."""
+    def export(self, payload: bytes | bytearray | memoryview | torch.Tensor) -> KvExport:
+        """The received payload as an importable KvExport (no copy for a writable buffer or a uint8
+        tensor, which stays on its device)."""
         return KvExport.from_buffer(self.kv, payload)
 
 

@@ -80,8 +80,11 @@ class KvExport:
         return _byte_view(self.payload)
 
     @classmethod
-    def from_buffer(cls, header: KvHeader, buffer: bytes | bytearray | memoryview) -> KvExport:
-        """Wrap received bytes (no copy when the buffer is writable) as an export ready to import."""
+    def from_buffer(cls, header: KvHeader, buffer: bytes | bytearray | memoryview | torch.Tensor) -> KvExport:
+        """Wrap received bytes (no copy when the buffer is writable) as an export ready to import. A uint8
+        tensor [nbytes] (a payload that landed in device memory, or pinned host memory) stays where it is."""
+        if isinstance(buffer, torch.Tensor):
+            return cls._from_tensor(header, buffer)
         if memoryview(buffer).readonly:
             buffer = bytearray(buffer)  # torch tensors need writable memory
         if len(buffer) != header.payload_nbytes:
@@ -89,6 +92,16 @@ class KvExport:
         raw = (
             torch.frombuffer(buffer, dtype=torch.uint8) if len(buffer) else torch.empty(0, dtype=torch.uint8)
         )
+        return cls(header, raw.view(header.torch_dtype).view(header.payload_shape))
+
+    @classmethod
+    def _from_tensor(cls, header: KvHeader, raw: torch.Tensor) -> KvExport:
+        if raw.dtype != torch.uint8 or raw.dim() != 1 or not raw.is_contiguous():
+            raise KvFormatError(
+                f"a tensor payload must be contiguous uint8 [nbytes], got {raw.dtype} {raw.shape}"
+            )
+        if raw.numel() != header.payload_nbytes:
+            raise KvFormatError(f"payload has {raw.numel()} bytes, header says {header.payload_nbytes}")
         return cls(header, raw.view(header.torch_dtype).view(header.payload_shape))
 
 

@@ -11,7 +11,11 @@ from alignedserve.engine.config import EngineConfig
 
 
 class EngineWorkerSettings(WorkerSettings):
-    device: str = Field("cpu", description="cpu, cuda or cuda:N")
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:\d+)?)$",
+        description="cpu, cuda or cuda:N: the model, its KV cache and the KV this worker receives",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="weights and KV: float32 or bfloat16 (cpu); float16 or bfloat16 (cuda)"
     )
@@ -25,6 +29,10 @@ class EngineWorkerSettings(WorkerSettings):
     max_model_len: int | None = Field(None, ge=1, description="context limit; unset: the model's own")
     attention: Literal["auto", "padded", "bucketed", "per_sequence"] = Field(
         "auto", description="decode attention strategy (auto picks per batch shape)"
+    )
+    decode_backend: Literal["auto", "torch", "triton", "reference"] = Field(
+        "auto",
+        description="decode attention: auto = the Triton paged kernel on CUDA, SDPA groupings elsewhere",
     )
     linear_kernel: Literal["auto", "torch", "onednn_packed"] = Field(
         "auto",
@@ -55,6 +63,7 @@ class EngineWorkerSettings(WorkerSettings):
             max_prefill_tokens=self.max_prefill_tokens,
             max_model_len=self.max_model_len,
             attention=self.attention,
+            decode_backend=self.decode_backend,
             linear_kernel=self.linear_kernel,
             num_threads=self.num_threads,
         )

@@ -1,6 +1,8 @@
-"""A keyed host-memory KV store with a byte budget, and the UCX push sink that fills it.
+"""A keyed KV store with a byte budget, and the UCX push sink that fills it.
 
-Used by the kvpool (the pool itself) and by prefill workers (their candidate buffers).
+Used by the kvpool (the pool itself, in host memory: `memory.pool_memory`) and by prefill workers (their
+candidate buffers, in the prefill device's memory: `TorchMemory(device)`, so a staged batch moves to the
+decode device device-to-device). Payload buffers come from the store's `KvMemory` strategy.
 
 Every entry is one request's KV: header bytes (small) and a payload buffer. A push first `reserve`s its
 payload size: beyond the budget the store refuses (`PoolFull`) and the sender backs off — backpressure,
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 from alignedserve.transfer import KVRegistry, PushRejected
 from alignedserve.transfer.buffers import Buffer
+from alignedserve.transfer.memory import HostMemory, KvMemory
 
 
 class PoolFull(Exception):
@@ -28,15 +31,17 @@ class UnknownEntry(KeyError):
 @dataclass
 class PoolEntry:
     header: bytes
-    payload: bytearray
+    payload: Buffer  # from the store's KvMemory: bytearray, or a uint8 tensor [nbytes]
+    nbytes: int
     committed: bool = False
 
 
 class KvStore:
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, memory: KvMemory | None = None) -> None:
         if budget_bytes <= 0:
             raise ValueError(f"the pool budget must be > 0 bytes, got {budget_bytes}")
         self.budget_bytes = budget_bytes
+        self.memory: KvMemory = memory or HostMemory()
         self.used_bytes = 0
         self.refusals = 0
         self._entries: dict[str, PoolEntry] = {}
@@ -48,7 +53,7 @@ class KvStore:
         entry = self._entries.get(key) if isinstance(key, str) else None
         return entry is not None and entry.committed
 
-    def reserve(self, key: str, header: bytes, nbytes: int) -> bytearray:
+    def reserve(self, key: str, header: bytes, nbytes: int) -> Buffer:
         """A writable buffer of `nbytes` for the payload under `key` (a repeated push replaces it)."""
         if nbytes < 0:
             raise ValueError(f"payload size must be >= 0, got {nbytes}")
@@ -58,7 +63,7 @@ class KvStore:
             raise PoolFull(
                 f"KV pool full: {self.used_bytes} of {self.budget_bytes} bytes used, {nbytes} more requested"
             )
-        entry = PoolEntry(header, bytearray(nbytes))
+        entry = PoolEntry(header, self.memory.allocate(nbytes), nbytes)
         self._entries[key] = entry
         self.used_bytes += nbytes
         return entry.payload
@@ -83,7 +88,7 @@ class KvStore:
         entry = self._entries.pop(key, None)
         if entry is None:
             return False
-        self.used_bytes -= len(entry.payload)
+        self.used_bytes -= entry.nbytes
         return True
 
     def release_entry(self, key: str, entry: PoolEntry) -> None:

@@ -19,7 +19,7 @@ class DecodeSettings(EngineWorkerSettings):
     local_prefetch_bytes: ByteSize = Field(
         ByteSize(1 << 30),
         ge=0,
-        description="host memory for KV pre-pulled from staging workers before admission (0: pull at admission)",
+        description="device memory for KV pre-pulled from staging workers before admission (0: pull at admission)",
     )
     transfer_attempts: int = Field(3, ge=1, description="tries per KV pull or push before giving up")
     transfer_timeout_s: float = Field(30.0, gt=0, description="seconds one KV transfer attempt may take")

@@ -1,9 +1,10 @@
-"""The decode worker's data plane: pull a request's KV into host memory, push an evicted one out, and
-pre-pull staged candidates in the background so that admitting them is a local import.
+"""The decode worker's data plane: pull a request's KV onto this worker's device, push an evicted one out,
+and pre-pull staged candidates in the background so that admitting them is a local import.
 
-Pulled payloads land in a plain host buffer (numpy uint8 [nbytes], no zero fill) that the engine's
-import wraps without a copy. On a GPU worker the same pre-pull is what keeps the decode loop from
-waiting on the network: admission then only copies host -> device.
+Pulled payloads land in a uint8 tensor [nbytes] from the worker's `KvMemory` (`TorchMemory(device)`),
+which the engine's import wraps without a copy. On a GPU worker that is device memory: UCX writes into
+it directly from the staging worker's GPU (cuda_ipc / RDMA, the paper's GPU-to-GPU prefetch) or from
+the host pool, and admission is a device-local scatter. On CPU it is host memory, by the same code.
 """
 
 from __future__ import annotations
@@ -12,15 +13,16 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
+import torch
 
 from alignedserve.bus.messages import KvLocation
 from alignedserve.decode.core import Candidate
 from alignedserve.engine.kv_envelope import KvEnvelope
 from alignedserve.engine.kv_export import KvExport
 from alignedserve.transfer import PeerAddress, TransferEndpoint
+from alignedserve.transfer.buffers import Buffer
+from alignedserve.transfer.memory import KvMemory
 
 
 @dataclass(frozen=True)
@@ -28,31 +30,31 @@ class StagedKv:
     """A request's KV in this process: envelope (KV header + token ids) and payload bytes."""
 
     envelope: KvEnvelope
-    payload: np.ndarray[Any, np.dtype[np.uint8]]  # [nbytes]
+    payload: torch.Tensor  # uint8 [nbytes] on the worker's device
 
     @property
     def nbytes(self) -> int:
-        return int(self.payload.nbytes)
+        return int(self.payload.numel())
 
     def export(self) -> KvExport:
-        kv: KvExport = self.envelope.export(self.payload.data)  # no copy: the array's own memory
+        kv: KvExport = self.envelope.export(self.payload)  # no copy: a view of the landed bytes
         return kv
-
-
-def _host_buffer(_header: bytes, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
-    return np.empty(nbytes, dtype=np.uint8)
 
 
 class KvMover:
     """Pull and push over this worker's transfer endpoint; a KvLocation names the peer."""
 
-    def __init__(self, endpoint: TransferEndpoint) -> None:
+    def __init__(self, endpoint: TransferEndpoint, memory: KvMemory) -> None:
         self.endpoint = endpoint
+        self.memory = memory  # where pulled KV lands: the decode device
+
+    def _landing(self, _header: bytes, nbytes: int) -> Buffer:
+        return self.memory.allocate(nbytes)
 
     async def pull(self, location: KvLocation, request_id: str) -> StagedKv:
         """Raises TransferError (KeyNotFound, TransferFailed, ...) or EnvelopeError."""
         peer = PeerAddress.from_wire(location.ucx_address_key)
-        pulled = await self.endpoint.pull(peer, location.handle or request_id, _host_buffer)
+        pulled = await self.endpoint.pull(peer, location.handle or request_id, self._landing)
         return StagedKv(KvEnvelope.from_bytes(pulled.header), pulled.buffer)
 
     async def push(self, location: KvLocation, request_id: str, envelope: KvEnvelope, kv: KvExport) -> None:
@@ -63,8 +65,8 @@ class KvMover:
         )
 
 
-class HostPrefetcher:
-    """Pre-pulls ready candidates' KV (admission order) into host memory, within a byte budget.
+class LocalPrefetcher:
+    """Pre-pulls ready candidates' KV (admission order) onto the device, within a byte budget.
 
     The budget is checked against an estimate (prefix tokens x KV bytes per token) before a pull starts,
     then charged the real size. `take` hands a request's KV over: staged (no wait), in flight (wait for

@@ -4,7 +4,7 @@ Per iteration: one engine decode step (in a thread, so heartbeats and the bus ke
 published (one TokenBatch per gateway, RequestFinished for the finished), then `plan_iteration` on the
 engine's running requests and the ready candidates: victims are exported and pushed to their staging
 worker's candidate request buffer (the kvpool when there is none) and freed; admitted requests' KV is
-taken from the host prefetcher (or pulled now) and imported. Then a DecodeStatus for the batcher.
+taken from the local prefetcher (pre-pulled onto this device, or pulled now) and imported. Then a DecodeStatus for the batcher.
 A request whose KV is lost here (a pull or import failed, no room at admission, nobody took it at
 drain) is forgotten and reported with `RequestLost`: its gateway re-prefills it, the client loses nothing.
 
@@ -35,7 +35,7 @@ from alignedserve.bus.messages import (
 from alignedserve.core.blocks import OutOfBlocks
 from alignedserve.decode.config import DecodeSettings
 from alignedserve.decode.core import Candidate, DecodeCore, Publish, RunningProfile
-from alignedserve.decode.kv_io import HostPrefetcher, KvMover, StagedKv
+from alignedserve.decode.kv_io import KvMover, LocalPrefetcher, StagedKv
 from alignedserve.decode.metrics import DecodeMetrics
 from alignedserve.decode.publisher import OrderedPublisher
 from alignedserve.engine.engine import LLMEngine
@@ -46,6 +46,7 @@ from alignedserve.service.drain import Drain
 from alignedserve.service.logs import get_logger
 from alignedserve.service.sampling import to_params
 from alignedserve.transfer import TransferEndpoint, TransferError
+from alignedserve.transfer.memory import TorchMemory
 
 log = get_logger("alignedserve.decode")
 
@@ -73,8 +74,8 @@ class DecodeWorker:
         block_size = engine.allocator.block_size
         # seq must keep increasing across a restart (the batcher ignores older reports): start from ms
         self.core = DecodeCore(settings.worker_id, block_size, settings.max_num_seqs, int(time.time() * 1000))
-        self.mover = KvMover(endpoint)
-        self.prefetcher = HostPrefetcher(
+        self.mover = KvMover(endpoint, TorchMemory(settings.device))  # KV lands on the decode device
+        self.prefetcher = LocalPrefetcher(
             self.mover,
             int(settings.local_prefetch_bytes),
             engine.layout.bytes_per_block // block_size,
@@ -268,6 +269,7 @@ class DecodeWorker:
                 list(envelope.prompt_token_ids),
                 list(envelope.output_token_ids),
                 to_params(candidate.state.sampling),
+                verified=True,  # the pull checked the payload's checksum on arrival
             )
         except OutOfBlocks:
             log.warning("admission_without_room", request_id=rid)  # its pulled KV has nowhere to go

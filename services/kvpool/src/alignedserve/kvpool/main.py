@@ -1,5 +1,8 @@
 """`alignedserve kvpool`: host-memory KV blocks behind a UCX endpoint, with a byte budget.
 
+The memory is page-locked where torch sees a GPU in this process (`transfer.memory.pool_memory`), so
+copies between it and a GPU are DMA; pageable otherwise (the CPU image carries no torch).
+
 Prefill workers (and draining decode workers) push a request's KV here; staging prefill workers or decode
 workers pull it. A push beyond the budget is refused (the sender backs off: backpressure, never OOM); an
 entry is released once pulled and verified, or when the request is cancelled or finished.
@@ -26,6 +29,7 @@ from alignedserve.service.ops_metrics import register_transfer_metrics
 from alignedserve.service.worker import WorkerRuntime
 from alignedserve.transfer import KVRegistry, TransferEndpoint
 from alignedserve.transfer.kv_store import KvStore, StoreSink
+from alignedserve.transfer.memory import KvMemory, pool_memory
 
 log = get_logger("alignedserve.kvpool")
 ENDED_IDS = 100_000
@@ -34,8 +38,10 @@ ENDED_IDS = 100_000
 class PoolStore(KvStore):
     """The pool's store: `on_release(key)` runs whenever an entry leaves it (pulled, replaced, dropped)."""
 
-    def __init__(self, budget_bytes: int, on_release: Callable[[str], None]) -> None:
-        super().__init__(budget_bytes)
+    def __init__(
+        self, budget_bytes: int, on_release: Callable[[str], None], memory: KvMemory | None = None
+    ) -> None:
+        super().__init__(budget_bytes, memory)
         self._on_release = on_release
 
     def release(self, key: str) -> bool:
@@ -74,7 +80,7 @@ def pool_metrics(registry: CollectorRegistry, store: KvStore, index: PoolIndex) 
 async def serve(settings: KvPoolSettings) -> int:
     registry = CollectorRegistry()
     index = PoolIndex(settings.worker_id)
-    store = PoolStore(int(settings.pool_bytes), on_release=index.forget)
+    store = PoolStore(int(settings.pool_bytes), on_release=index.forget, memory=pool_memory())
     stored, reannounced = pool_metrics(registry, store, index)
     runtime = WorkerRuntime(ServiceKind.KVPOOL, settings, registry)
     runtime.kv_usage = lambda: (store.used_bytes, store.budget_bytes)
@@ -111,7 +117,12 @@ async def serve(settings: KvPoolSettings) -> int:
         address = await endpoint.start(settings.advertise_host, settings.transfer_port)
         runtime.ucx_address = address.to_bytes()
         runtime.set_ready()
-        log.info("kvpool_ready", ucx=address.to_wire(), budget_bytes=int(settings.pool_bytes))
+        log.info(
+            "kvpool_ready",
+            ucx=address.to_wire(),
+            budget_bytes=int(settings.pool_bytes),
+            memory=store.memory.kind,
+        )
         await runtime.run_until_drained()
     finally:
         await endpoint.close()

@@ -4,7 +4,7 @@
   is pushed to the kvpool; a full pool refuses the push (`PushRejected`), which the worker treats as
   backpressure;
 - staging: a planned request's KV is pulled from where it is (the pool, another worker) into the
-  candidate buffers, a `KvStore` of `staging_bytes`; once committed it is served to the decode worker's
+  candidate buffers, a `KvStore` of `staging_bytes` in this worker's device memory; once committed it is served to the decode worker's
   pull (and released after it), or dropped when the request ends. A full buffer refuses the pull
   cleanly: the holder's entry stays where it was, servable.
 """
@@ -23,6 +23,7 @@ from alignedserve.transfer import (
     TransferEndpoint,
     TransferError,
 )
+from alignedserve.transfer.buffers import Buffer
 from alignedserve.transfer.kv_store import PoolFull, StoreSink
 
 log = get_logger("alignedserve.prefill")
@@ -78,9 +79,9 @@ class PrefillKv:
         """Room in the candidate buffer for the pulled payload; a full buffer refuses the pull cleanly
         (DestinationError: the client drains the offered bytes, so the holder's entry is unpinned)."""
 
-        def allocate(header: bytes, nbytes: int) -> bytearray:
+        def allocate(header: bytes, nbytes: int) -> Buffer:
             try:
-                buffer: bytearray = self.staging_sink.store.reserve(rid, header, nbytes)
+                buffer = self.staging_sink.store.reserve(rid, header, nbytes)
             except PoolFull as exc:
                 raise DestinationError(f"staging buffer full: {exc}") from exc
             return buffer

@@ -19,6 +19,7 @@ from alignedserve.service.ops_metrics import register_transfer_metrics
 from alignedserve.service.worker import WorkerRuntime
 from alignedserve.transfer import KVRegistry, TransferEndpoint
 from alignedserve.transfer.kv_store import KvStore, StoreSink
+from alignedserve.transfer.memory import TorchMemory
 
 log = get_logger("alignedserve.prefill")
 
@@ -28,7 +29,9 @@ async def serve(settings: PrefillSettings) -> int:
     runtime = WorkerRuntime(ServiceKind.PREFILL, settings, registry)
     await runtime.start()  # /health answers while the model loads
     served = KVRegistry()
-    staging = KvStore(int(settings.staging_bytes))
+    # the candidate buffers live in this worker's device memory (the paper's GPU prefetch): a staged
+    # batch then moves to the decode GPU device to device; on CPU the same path with device "cpu"
+    staging = KvStore(int(settings.staging_bytes), TorchMemory(settings.device))
     sink = StoreSink(staging, served)
     endpoint = TransferEndpoint(served, sink)
     register_transfer_metrics(registry, lambda: endpoint.client.stats)

@@ -15,6 +15,7 @@ from alignedserve.bench.gpu_check.decode_runs import copy_bandwidth, decode_thro
 from alignedserve.bench.gpu_check.engines import load_preset
 from alignedserve.bench.gpu_check.profiles import Profile, profile_for
 from alignedserve.bench.gpu_check.scheduling import scheduling
+from alignedserve.bench.gpu_check.targets import targets
 
 SECTIONS = ("environment", "gpu_tests", "copy_bandwidth", "decode", "scheduling", "motivating", "ucx")
 
@@ -50,6 +51,7 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     for name in wanted:
         result[name] = _timed(_runners(profile, result)[name])
+    result["targets"] = targets(result)
     result["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result))
     failed = [n for n in wanted if isinstance(result[n], dict) and "error" in result[n]]

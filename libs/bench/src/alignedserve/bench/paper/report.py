@@ -7,6 +7,7 @@ from alignedserve.bench.paper import sections
 from alignedserve.bench.paper.experiments import MODELS, Scale, instances
 from alignedserve.bench.paper.fmt import Results, num, table, x
 from alignedserve.bench.paper.headline import headline
+from alignedserve.bench.paper.mechanisms import mechanism_section
 from alignedserve.bench.paper.sensitivity import HEADLINES, VARIANTS, headline_ratios
 from alignedserve.sim.cost_registry import (
     PAPER_MODELS,
@@ -174,6 +175,7 @@ def render(results: Results, scale: Scale, wall_s: float, jobs: int) -> str:
             sections.synthetic_section(results),
             sections.apps_section(results),
             sections.breakdown_section(results),
+            mechanism_section(results),
             sections.forward_section(results),
             sections.iterations_section(results),
             sections.ablation_section(results),
