@@ -313,7 +313,7 @@ def improvement_section(results: Results) -> str:
         "growth overflows a few iterations later and the longest request — often the one just admitted — "
         "is evicted, back and forth, two KV transfers each time. Keeping one block of growth per running "
         "request free before admitting stops that; every guarantee of the scheduler holds "
-        "(tests/unit/batching/test_batching_scheduler.py).\n\n"
+        "(tests/unit/batching/test_batching_growth_reserve.py, beside the paper-rule tests of test_batching_scheduler.py).\n\n"
         + table(
             ["workload", "throughput, ours ÷ paper rule", "P99 TPOT (ms)", "evictions", "stall (s)", "mixed"],
             body,
