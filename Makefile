@@ -14,7 +14,7 @@ DIST           ?= dist
 # the workspace: one distribution per folder that has a pyproject.toml (docs/architecture.md)
 MEMBERS := $(patsubst %/pyproject.toml,%,$(wildcard libs/*/pyproject.toml services/*/pyproject.toml loadgen/pyproject.toml))
 
-.PHONY: setup dist run test unit lint typecheck bench bench-e2e bench-peers paper sim-speed clean redis deploy-tools locks gpu-check gpu-wheels
+.PHONY: setup dist run test unit lint typecheck chaos bench bench-e2e bench-peers paper sim-speed clean redis deploy-tools locks gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -54,6 +54,11 @@ unit: setup
 
 test: setup redis lint typecheck deploy-tools
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+# Every fault of the chaos suite against the stack as processes on Redis (`make test` runs one case per
+# fault class); the table of docs/reliability.md is rewritten from this run (docs/reliability.md).
+chaos: setup redis
+	CHAOS_ALL=1 CHAOS_REPORT=docs/reliability.md $(BIN)/pytest -q tests/chaos $(PYTEST_ARGS)
 
 # Tools of tests/deploy that cannot live in .venv itself: checkov pins packaging<24 (hatchling needs a newer
 # one), so it gets a venv of its own; promtool comes from Debian's `prometheus` package, unpacked (no daemon,

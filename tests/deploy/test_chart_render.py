@@ -114,6 +114,12 @@ def test_services_bind_all_addresses_and_take_their_identity_from_the_pod(
             )
 
 
+def test_the_release_name_namespaces_every_services_bus(rendered: dict[str, Rendered]) -> None:
+    install = rendered["defaults"]
+    for component in COMPONENTS:
+        assert _env(_container(install, component))["ALIGNEDSERVE_DEPLOYMENT"]["value"] == RELEASE
+
+
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
 def test_every_pod_is_locked_down(rendered: dict[str, Rendered], value_set: str) -> None:
     for name, spec in rendered[value_set].pod_specs():
@@ -228,6 +234,15 @@ def test_secrets_are_files_and_the_bus_url_names_them(rendered: dict[str, Render
                     assert "secretKeyRef" not in env.get("valueFrom", {}), f"{name}: {env['name']}"
     made = rendered["redis-bus"].get("Secret", f"{FN}-bus-auth")
     assert set(made["data"]) == {"password"}
+
+
+def test_the_gateway_reads_the_api_keys_secret_it_mounts(rendered: dict[str, Rendered]) -> None:
+    gateway = _container(rendered["redis-bus"], "gateway")
+    key_file = _env(gateway)["ALIGNEDSERVE_GATEWAY_API_KEY_FILE"]["value"]
+    assert key_file.rpartition("/")[0] in [m["mountPath"] for m in gateway["volumeMounts"]]
+    assert set(rendered["redis-bus"].get("Secret", f"{FN}-api-keys")["data"]) == {"keys"}
+    open_gateway = _container(rendered["defaults"], "gateway")  # no apiKeys: the API stays open
+    assert "ALIGNEDSERVE_GATEWAY_API_KEY_FILE" not in _env(open_gateway)
 
 
 def test_autoscaling_leaves_replicas_to_the_autoscaler(rendered: dict[str, Rendered]) -> None:

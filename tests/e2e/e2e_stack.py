@@ -1,7 +1,7 @@
 """Start and stop the whole stack (`alignedserve up`) as real processes for end-to-end tests.
 
 `start_services` starts the same services with the same arguments without the `up` supervisor (which
-stops the whole stack when one service exits), so a test can kill one worker and watch the rest cope.
+restarts a service that exits), so a test can kill one worker and watch the rest cope without it.
 """
 
 from __future__ import annotations

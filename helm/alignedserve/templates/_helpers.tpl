@@ -152,6 +152,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "alignedserve.commonEnv" -}}
 - name: ALIGNEDSERVE_BUS
   value: {{ include "alignedserve.busUrl" . | quote }}
+- name: ALIGNEDSERVE_DEPLOYMENT   # namespaces the bus: the release's pods share it, two releases do not
+  value: {{ .Release.Name | quote }}
 - name: ALIGNEDSERVE_MODEL
   value: {{ include "alignedserve.modelPath" . | quote }}
 - name: ALIGNEDSERVE_LOG_LEVEL

@@ -17,7 +17,7 @@ from alignedserve.bus.messages import Cancel
 from alignedserve.transfer import KeyNotFound, PeerAddress, PushRejected, TransferEndpoint
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # one UCX context for the module: resets cost seconds
-DB = 12
+DB = 4
 BUDGET = 64 << 10
 USED = "alignedserve:kv_pool_used_bytes"
 

@@ -61,7 +61,7 @@ from alignedserve.engine.kv_envelope import KvEnvelope
 from alignedserve.transfer import PeerAddress, PulledKV, TransferEndpoint
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # one UCX context for the module: resets cost seconds
-DB = 13
+DB = 5
 BLOCK = 4
 CONTEXT = 256
 POOL_BYTES = 64 << 10  # a 20-token prompt's KV is 20 x 512 bytes on the tiny model

@@ -14,6 +14,7 @@ from alignedserve.bus.messages import (
     PrefetchDone,
     PrefillRequest,
     RequestFinished,
+    RequestLost,
     RequestState,
     SamplingSpec,
     ServiceKind,
@@ -186,3 +187,10 @@ def test_hand_offs_go_to_a_kvpool_that_serves_and_has_not_stopped() -> None:
     assert c.pool == POOL
     beat("kvpool-1", WorkerState.STOPPED, b"10.0.0.3:4000")
     assert c.pool == POOL
+
+
+def test_a_hand_off_whose_pool_went_away_loses_the_kv_not_the_request() -> None:
+    """RequestLost on the events topic: the gateway re-prefills it; nothing ends it here."""
+    [(topic, lost)] = core().lost(prompt("a", 5), "pool unreachable")
+    assert topic == topics.EVENTS
+    assert isinstance(lost, RequestLost) and (lost.request_id, lost.worker_id) == ("a", WORKER)

@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Literal, Protocol, Self
 
 from alignedserve.bus.messages import Message, MessageError, decode
+from alignedserve.bus.namespace import Namespace
 from alignedserve.bus.seen import SeenIds
 from alignedserve.core.retry import Backoff, RetryCallState, retry_error, retry_wait_s, retrying
 
@@ -231,6 +232,7 @@ class Bus(abc.ABC):
     """Control-plane bus: typed messages on named topics, consumer groups, at-least-once delivery."""
 
     url: str
+    namespace: Namespace  # the deployment's: maps the topic and group names callers use to the broker's
 
     @abc.abstractmethod
     async def connect(self) -> None:

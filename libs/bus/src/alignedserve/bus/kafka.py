@@ -14,6 +14,11 @@ TLS and SASL, for a broker that asks for them: ``security_protocol=SSL|SASL_PLAI
 (the password is read from that file, e.g. a mounted Kubernetes Secret, so it never appears in the URL,
 in logs or in ``--check-config``), ``ssl_cafile=PATH`` (the broker's CA; default: the system's),
 ``ssl_certfile=PATH`` and ``ssl_keyfile=PATH`` (a client certificate, for mutual TLS).
+
+Broker loss: a broker that restarts without its storage (tansu on memory) forgets topics and commits.
+aiokafka reconnects by itself; a publish to a topic the broker no longer knows re-creates it (the
+topic cache is dropped); a subscription that finds its topic back with another partition count (the
+broker re-created it on first use, with its own default) logs what was lost.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -36,8 +41,10 @@ from aiokafka.errors import (
     KafkaConnectionError,
     KafkaError,
     TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
 )
 from aiokafka.helpers import create_ssl_context
+from pydantic import SecretStr
 
 from alignedserve.bus import topics as topic_names
 from alignedserve.bus.base import (
@@ -51,6 +58,7 @@ from alignedserve.bus.base import (
     as_topics,
 )
 from alignedserve.bus.messages import Message, encode
+from alignedserve.bus.namespace import DefaultNamespace, Namespace
 from alignedserve.core.retry import Backoff, retrying
 
 log = logging.getLogger("alignedserve.bus")
@@ -61,6 +69,9 @@ METADATA_POLL = Backoff(0.05, attempts=50, factor=1.0)  # a fresh topic's partit
 @dataclass(frozen=True, slots=True)
 class KafkaOptions:
     partitions: int = 8  # for topics this bus creates
+    # retention of topics this bus creates: control messages are handled within seconds, and a topic of
+    # a worker that is gone (its inbox) keeps no more than a day of records
+    retention_ms: int = 86_400_000
     session_timeout_ms: int = 6_000  # a silent member is dropped (and its partitions reassigned) after this
     heartbeat_interval_ms: int = 1_000
     rebalance_timeout_ms: int = 6_000
@@ -101,15 +112,24 @@ class KafkaSecurity:
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ValueError("ssl_certfile and ssl_keyfile go together (a client certificate and its key)")
 
+    def hint(self) -> str:
+        """What to check when the broker refuses or drops the client (names files, never their content)."""
+        if self.security_protocol.startswith("SASL"):
+            return (
+                f" (SASL {self.sasl_mechanism} as {self.sasl_username!r}: check the user and the password "
+                f"in {self.sasl_password_file})"
+            )
+        return " (no SASL configured: if the broker requires authentication, set security_protocol=SASL_*)"
+
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of every aiokafka client (producer, consumer, admin); reads the password file."""
         kwargs: dict[str, Any] = {"security_protocol": self.security_protocol}
         if self.security_protocol.startswith("SASL"):
-            password = Path(self.sasl_password_file).read_text(encoding="utf-8").strip()
+            password = SecretStr(Path(self.sasl_password_file).read_text(encoding="utf-8").strip())
             kwargs.update(
                 sasl_mechanism=self.sasl_mechanism,
                 sasl_plain_username=self.sasl_username,
-                sasl_plain_password=password,
+                sasl_plain_password=password.get_secret_value(),  # aiokafka takes a str
             )
         if self.security_protocol in ("SSL", "SASL_SSL"):
             kwargs["ssl_context"] = create_ssl_context(
@@ -146,8 +166,9 @@ def parse_url_security(url: str) -> tuple[str, KafkaOptions, KafkaSecurity]:
 
 
 class KafkaBus(Bus):
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, namespace: Namespace | None = None) -> None:
         self.url = url
+        self.namespace: Namespace = namespace or DefaultNamespace()
         self.bootstrap, self.options, self.security = parse_url_security(url)
         self._client_kwargs: dict[str, Any] | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -176,7 +197,13 @@ class KafkaBus(Bus):
         except KafkaConnectionError as exc:
             await producer.stop()
             await admin.close()
-            raise BusUnavailable(f"Kafka at {self.url} does not answer: {exc}") from exc
+            raise BusUnavailable(f"Kafka at {self.url} does not answer: {exc}{self.security.hint()}") from exc
+        except (KafkaError, KeyError) as exc:  # a refused SCRAM exchange: aiokafka misses the server's proof
+            await producer.stop()
+            await admin.close()
+            raise BusUnavailable(
+                f"Kafka at {self.url} refused the client: {exc!r}{self.security.hint()}"
+            ) from exc
         self._producer, self._admin = producer, admin
 
     def _security_kwargs(self) -> dict[str, Any]:
@@ -195,7 +222,12 @@ class KafkaBus(Bus):
         if not missing:
             return
         existing = set(await admin.list_topics())
-        to_create = [NewTopic(t, self.options.partitions, 1) for t in missing if t not in existing]
+        retention = {"retention.ms": str(self.options.retention_ms)}
+        to_create = [
+            NewTopic(t, self.options.partitions, 1, topic_configs=retention)
+            for t in missing
+            if t not in existing
+        ]
         if to_create:
             # another process may create it between our list and create
             with contextlib.suppress(TopicAlreadyExistsError):
@@ -204,17 +236,34 @@ class KafkaBus(Bus):
 
     async def publish(self, topic: str, message: Message) -> None:
         producer, _ = self._started()
-        await self.ensure_topics([topic])
+        name = self.namespace.topic(topic)
         key = message.routing_key()
-        await producer.send_and_wait(topic, encode(message), key=key.encode() if key else None)
+        try:
+            await self.ensure_topics([name])
+            await producer.send_and_wait(name, encode(message), key=key.encode() if key else None)
+        except UnknownTopicOrPartitionError:
+            await self._recreate(name)
+            await producer.send_and_wait(name, encode(message), key=key.encode() if key else None)
+
+    async def _recreate(self, name: str) -> None:
+        """A topic this bus knew is gone from the broker: make it again (once; a second loss raises)."""
+        log.warning(
+            "Kafka topic %s is unknown to the broker (restarted without its storage?): its records are "
+            "lost; re-creating it with %d partitions",
+            name,
+            self.options.partitions,
+        )
+        self._known_topics.discard(name)
+        await self.ensure_topics([name])
 
     async def publish_many(self, topic: str, messages: Sequence[Message]) -> None:
         producer, _ = self._started()
-        await self.ensure_topics([topic])
+        name = self.namespace.topic(topic)
+        await self.ensure_topics([name])
         sent = []
         for message in messages:
             key = message.routing_key()
-            sent.append(await producer.send(topic, encode(message), key=key.encode() if key else None))
+            sent.append(await producer.send(name, encode(message), key=key.encode() if key else None))
         await asyncio.gather(*sent)
 
     async def subscribe(
@@ -226,13 +275,14 @@ class KafkaBus(Bus):
         handler: Handler,
         options: ConsumerOptions | None = None,
     ) -> Subscription:
-        names = as_topics(topics)
+        ns = self.namespace
+        names = {ns.topic(name): name for name in as_topics(topics)}  # broker name -> logical name
         opts = options or ConsumerOptions()
-        await self.ensure_topics(names)
+        await self.ensure_topics(list(names))
         kafka_consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
-            group_id=group,
-            client_id=consumer,
+            group_id=ns.group(group),  # groups are cluster-wide: each deployment has its own
+            client_id=ns.group(consumer),
             enable_auto_commit=False,
             auto_offset_reset=opts.start,
             session_timeout_ms=self.options.session_timeout_ms,
@@ -244,8 +294,8 @@ class KafkaBus(Bus):
             **self._security_kwargs(),
         )
         dispatcher = Dispatcher(handler, opts, self._dead_letter, f"kafka:{group}/{consumer}")
-        sub = KafkaSubscription(kafka_consumer, self.options, dispatcher)
-        kafka_consumer.subscribe(names, listener=sub.listener)
+        sub = KafkaSubscription(kafka_consumer, self.options, dispatcher, names)
+        kafka_consumer.subscribe(list(names), listener=sub.listener)
         await kafka_consumer.start()
         self._subscriptions.append(sub)
         sub.start()
@@ -253,7 +303,7 @@ class KafkaBus(Bus):
 
     async def _dead_letter(self, topic: str, payload: bytes, error: str) -> None:
         producer, _ = self._started()
-        dead = topic_names.dead_letter(topic)
+        dead = self.namespace.topic(topic_names.dead_letter(topic))
         await self.ensure_topics([dead])
         await producer.send_and_wait(dead, payload, headers=[("error", error.encode())])
 
@@ -265,13 +315,14 @@ class KafkaBus(Bus):
         # joining (the admin client's OffsetFetch version is not understood by every broker)
         probe = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
-            group_id=group,
+            group_id=self.namespace.group(group),
             enable_auto_commit=False,
             **self._security_kwargs(),
         )
         await probe.start()
         try:
-            partitions = [TopicPartition(topic, p) for p in await _partitions(probe, topic)]
+            name = self.namespace.topic(topic)
+            partitions = [TopicPartition(name, p) for p in await _partitions(probe, name)]
             ends = await probe.end_offsets(partitions)
             total = 0
             for tp in partitions:
@@ -285,7 +336,8 @@ class KafkaBus(Bus):
     async def delete_topics(self, *topics: str) -> None:
         _, admin = self._started()
         existing = set(await admin.list_topics())
-        doomed = [t for t in (*topics, *(topic_names.dead_letter(t) for t in topics)) if t in existing]
+        names = [self.namespace.topic(t) for t in (*topics, *(topic_names.dead_letter(t) for t in topics))]
+        doomed = [name for name in names if name in existing]
         if doomed:
             await admin.delete_topics(doomed)
         self._known_topics.difference_update(doomed)
@@ -320,24 +372,53 @@ async def _partitions(probe: AIOKafkaConsumer, topic: str) -> list[int]:
 
 
 class _Assignments(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, ready: asyncio.Event) -> None:
+    def __init__(self, ready: asyncio.Event, name: str, partitions: Callable[[str], set[int] | None]) -> None:
         self._ready = ready
+        self._name = name
+        self._partitions = partitions  # a topic's partitions in the client's current metadata
+        self._counts: dict[str, int] = {}  # partitions of each subscribed topic at the last assignment
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         """Nothing to flush: offsets are committed right after each handled record batch."""
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._note_lost_topics({tp.topic for tp in assigned})
         self._ready.set()
+
+    def _note_lost_topics(self, topics: set[str]) -> None:
+        """A topic back with another partition count was lost and re-created: say so, once."""
+        for topic in sorted(topics):
+            count = len(self._partitions(topic) or ())
+            before = self._counts.setdefault(topic, count)
+            if count and count != before:
+                log.warning(
+                    "%s: Kafka topic %s came back with %d partitions (was %d): the broker lost it "
+                    "(restarted without its storage) with its records and this group's commits; "
+                    "rejoined the group and consuming it from its start",
+                    self._name,
+                    topic,
+                    count,
+                    before,
+                )
+                self._counts[topic] = count
 
 
 class KafkaSubscription(Subscription):
     transient_errors = (KafkaError, OSError, TimeoutError)
 
-    def __init__(self, consumer: AIOKafkaConsumer, options: KafkaOptions, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        options: KafkaOptions,
+        dispatcher: Dispatcher,
+        topics: dict[str, str],
+    ) -> None:
         super().__init__(dispatcher)
         self._consumer = consumer
         self._options = options
-        self.listener = _Assignments(self._ready)
+        self._topics = topics  # broker name -> the logical name handlers see in `Delivery.topic`
+        cluster = consumer._client.cluster  # aiokafka's metadata cache (no public accessor)
+        self.listener = _Assignments(self._ready, dispatcher.name, cluster.partitions_for_topic)
 
     async def _run(self) -> None:
         while not self._stopping:
@@ -356,7 +437,8 @@ class KafkaSubscription(Subscription):
                 if self._stopping and next_offset is not None:
                     break
                 offset: int = record.offset  # type: ignore[attr-defined]
-                delivery = Delivery(tp.topic, f"{tp.partition}:{offset}", redelivered=False)
+                topic = self._topics.get(tp.topic, tp.topic)
+                delivery = Delivery(topic, f"{tp.partition}:{offset}", redelivered=False)
                 await self.dispatcher.dispatch(record.value, delivery, time.time)  # type: ignore[attr-defined]
                 next_offset = offset + 1
         finally:

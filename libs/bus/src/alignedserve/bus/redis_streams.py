@@ -10,11 +10,17 @@ URL: ``redis://host:port/db?maxlen=100000&claim_idle_ms=30000&claim_interval_ms=
 ``ssl_ca_certs=PATH`` (and ``ssl_certfile`` / ``ssl_keyfile`` for mutual TLS). A password: ``password_file=PATH``
 (read from that file, e.g. a mounted Kubernetes Secret, so it is never in the URL, the logs or
 ``--check-config``); ``redis://USER@host`` names an ACL user.
+
+Broker loss: a Redis that restarted without persistence, or whose data was flushed, answers XREADGROUP
+with NOGROUP. The consume loop treats that like a lost connection (the one reconnect back-off), and
+each new run of the loop first re-creates its streams and groups, logging what it found missing: the
+entries published before the loss and not yet handled are gone with the broker's data.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -23,7 +29,8 @@ from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from pydantic import SecretStr
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from alignedserve.bus import topics as topic_names
 from alignedserve.bus.base import (
@@ -37,6 +44,10 @@ from alignedserve.bus.base import (
     as_topics,
 )
 from alignedserve.bus.messages import Message, encode
+from alignedserve.bus.namespace import DefaultNamespace, Namespace
+from alignedserve.core.config import mask_url_password
+
+log = logging.getLogger("alignedserve.bus")
 
 PAYLOAD = b"m"  # the one field of a stream entry: the encoded message
 
@@ -48,6 +59,9 @@ class RedisOptions:
     claim_interval_ms: int = 5_000  # how often each member looks for such entries
     block_ms: int = 1_000  # XREADGROUP block time (bounds how late a reclaim pass can be)
     dead_letter_maxlen: int = 10_000
+    # a process's own stream (`topics.is_inbox`) expires this long after its reader and writers last
+    # touched it: restarted pods come back under new ids and would leave theirs behind (0: never)
+    inbox_ttl_s: int = 3_600
     password_file: str = ""  # the password, read from this file (not a number: parsed apart)
 
 
@@ -66,33 +80,60 @@ def split_url(url: str) -> tuple[str, RedisOptions]:
     return urlunsplit(parts._replace(query=rest)), options
 
 
+def read_password(options: RedisOptions) -> SecretStr | None:
+    """The password of `password_file`, kept as a SecretStr until redis-py needs it (never in a repr)."""
+    if not options.password_file:
+        return None
+    return SecretStr(Path(options.password_file).read_text(encoding="utf-8").strip())
+
+
 class RedisStreamsBus(Bus):
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, namespace: Namespace | None = None) -> None:
+        self.url = mask_url_password(url)  # shown in logs and errors: a password written in it is masked
+        self.namespace: Namespace = namespace or DefaultNamespace()
         redis_url, self.options = split_url(url)
         extra: dict[str, Any] = {}
-        if self.options.password_file:
-            extra["password"] = Path(self.options.password_file).read_text(encoding="utf-8").strip()
+        password = read_password(self.options)
+        if password is not None:
+            extra["password"] = password.get_secret_value()
         self._redis: aioredis.Redis = aioredis.Redis.from_url(redis_url, decode_responses=False, **extra)
         self._subscriptions: list[RedisSubscription] = []
 
     async def connect(self) -> None:
         try:
             await self._redis.ping()
+        except AuthenticationError as exc:
+            raise BusUnavailable(
+                f"Redis at {self.url} refused the credentials ({exc}): set the ACL user in the URL "
+                "(redis://USER@host) and the password file (password_file=PATH)"
+            ) from exc
         except (RedisError, OSError) as exc:
             raise BusUnavailable(f"Redis at {self.url} does not answer: {exc}") from exc
 
     async def publish(self, topic: str, message: Message) -> None:
+        if self._ttl_s(topic):  # the expiry rides in the same round trip
+            await self.publish_many(topic, [message])
+            return
         await self._redis.xadd(
-            topic, {PAYLOAD: encode(message)}, maxlen=self.options.maxlen, approximate=True
+            self.namespace.topic(topic),
+            {PAYLOAD: encode(message)},
+            maxlen=self.options.maxlen,
+            approximate=True,
         )
 
     async def publish_many(self, topic: str, messages: Sequence[Message]) -> None:
+        stream = self.namespace.topic(topic)
         async with self._redis.pipeline(transaction=False) as pipe:
             for message in messages:
                 entry: dict[Any, Any] = {PAYLOAD: encode(message)}
-                pipe.xadd(topic, entry, maxlen=self.options.maxlen, approximate=True)
+                pipe.xadd(stream, entry, maxlen=self.options.maxlen, approximate=True)
+            if ttl_s := self._ttl_s(topic):
+                pipe.expire(stream, ttl_s)
             await pipe.execute()
+
+    def _ttl_s(self, topic: str) -> int:
+        """Seconds an idle stream of `topic` is kept (0: for ever, trimmed by `maxlen` only)."""
+        return self.options.inbox_ttl_s if topic_names.is_inbox(topic) else 0
 
     async def subscribe(
         self,
@@ -103,51 +144,62 @@ class RedisStreamsBus(Bus):
         handler: Handler,
         options: ConsumerOptions | None = None,
     ) -> Subscription:
-        names = as_topics(topics)
+        ns = self.namespace
+        streams = {ns.topic(name): name for name in as_topics(topics)}  # broker name -> logical name
         opts = options or ConsumerOptions()
-        for name in names:
-            await self._create_group(name, group, "0" if opts.start == "earliest" else "$")
+        ns_group = ns.group(group)
+        for stream in streams:
+            await create_group(self._redis, stream, ns_group, "0" if opts.start == "earliest" else "$")
         dispatcher = Dispatcher(handler, opts, self._dead_letter_for(group), f"redis:{group}/{consumer}")
-        sub = RedisSubscription(self._redis, self.options, names, group, consumer, dispatcher)
+        expiring = {stream: ttl for stream, name in streams.items() if (ttl := self._ttl_s(name))}
+        sub = RedisSubscription(
+            self._redis, self.options, streams, ns_group, ns.group(consumer), dispatcher, expiring
+        )
         self._subscriptions.append(sub)
         sub.start()
         return sub
 
-    async def _create_group(self, topic: str, group: str, start_id: str) -> None:
-        try:
-            await self._redis.xgroup_create(topic, group, id=start_id, mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):  # the group exists already: join it
-                raise
-
     def _dead_letter_for(self, group: str) -> Any:
         async def dead_letter(topic: str, payload: bytes, error: str) -> None:
             entry: dict[Any, Any] = {PAYLOAD: payload, b"error": error.encode(), b"group": group.encode()}
-            dead = topic_names.dead_letter(topic)
+            dead = self.namespace.topic(topic_names.dead_letter(topic))
             await self._redis.xadd(dead, entry, maxlen=self.options.dead_letter_maxlen, approximate=True)
 
         return dead_letter
 
     async def backlog(self, topic: str, group: str) -> int:
-        groups: list[dict[str, Any]] = cast(Any, await self._redis.xinfo_groups(topic))
+        stream, ns_group = self.namespace.topic(topic), self.namespace.group(group)
+        groups: list[dict[str, Any]] = cast(Any, await self._redis.xinfo_groups(stream))
         for info in groups:
-            if info["name"].decode() == group:
+            if info["name"].decode() == ns_group:
                 lag = info.get("lag")
                 if lag is None:  # Redis could not tell (trimmed past the group): count what is left
                     last = info["last-delivered-id"].decode()
-                    lag = len(cast(Any, await self._redis.xrange(topic, min=f"({last}", max="+")))
+                    lag = len(cast(Any, await self._redis.xrange(stream, min=f"({last}", max="+")))
                 return int(info["pending"]) + int(lag)
         raise KeyError(f"no consumer group {group!r} on stream {topic!r}")
 
     async def delete_topics(self, *topics: str) -> None:
         if topics:
-            await self._redis.delete(*topics, *(topic_names.dead_letter(t) for t in topics))
+            names = [*topics, *(topic_names.dead_letter(t) for t in topics)]
+            await self._redis.delete(*(self.namespace.topic(name) for name in names))
 
     async def close(self) -> None:
         for sub in self._subscriptions:
             await sub.stop()
         self._subscriptions.clear()
         await self._redis.aclose()
+
+
+async def create_group(redis: aioredis.Redis, stream: str, group: str, start_id: str) -> bool:
+    """XGROUP CREATE ... MKSTREAM; False when the group existed already (then it is joined as it is)."""
+    try:
+        await redis.xgroup_create(stream, group, id=start_id, mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+        return False
+    return True
 
 
 class RedisSubscription(Subscription):
@@ -157,20 +209,27 @@ class RedisSubscription(Subscription):
         self,
         redis: aioredis.Redis,
         options: RedisOptions,
-        topics: list[str],
+        streams: dict[str, str],
         group: str,
         consumer: str,
         dispatcher: Dispatcher,
+        expiring: dict[str, int],
     ) -> None:
         super().__init__(dispatcher)
         self._redis = redis
         self._options = options
-        self._topics = topics
+        self._streams = streams  # broker name -> the logical name handlers see in `Delivery.topic`
+        self._topics = list(streams)
         self._group = group
         self._consumer = consumer
         self._next_claim = 0.0
+        self._runs = 0
+        self._expiring = expiring  # inbox streams -> TTL: this live reader keeps them alive
 
     async def _run(self) -> None:
+        self._runs += 1
+        if self._runs > 1:  # a retry after a broker error: the broker may have lost its data meanwhile
+            await self._recreate_lost_groups()
         self._ready.set()
         await self._read_own_pending()
         while not self._stopping:
@@ -189,6 +248,21 @@ class RedisSubscription(Subscription):
                 self._fetching = False
             for stream, entries in response or []:
                 await self._handle(stream.decode(), entries, redelivered=False)
+
+    async def _recreate_lost_groups(self) -> None:
+        """Streams and groups a restarted or flushed Redis no longer has: made again, and said so.
+
+        Re-created from the stream's start: whatever it holds now was published after the loss."""
+        for stream in self._topics:
+            if await create_group(self._redis, stream, self._group, "0"):
+                log.warning(
+                    "%s: Redis lost stream %s or its group %s (restarted without persistence, or "
+                    "flushed): its unhandled entries and pending list are gone; re-created the group "
+                    "from the stream's start and consuming again",
+                    self.dispatcher.name,
+                    stream,
+                    self._group,
+                )
 
     def _block_ms(self) -> int:
         until_claim = int((self._next_claim - time.monotonic()) * 1000)
@@ -209,6 +283,8 @@ class RedisSubscription(Subscription):
     async def _claim_idle(self) -> None:
         """Take over entries that another (dead or stuck) member received but never acked."""
         self._next_claim = time.monotonic() + self._options.claim_interval_ms / 1000
+        for stream, ttl_s in self._expiring.items():
+            await self._redis.expire(stream, ttl_s)
         for topic in self._topics:
             start = "0-0"
             while not self._stopping:
@@ -239,7 +315,7 @@ class RedisSubscription(Subscription):
                 if entry is None:  # trimmed away while pending: nothing to handle
                     done.append(entry_id)
                     continue
-                delivery = Delivery(topic, entry_id.decode(), redelivered)
+                delivery = Delivery(self._streams.get(topic, topic), entry_id.decode(), redelivered)
                 await self.dispatcher.dispatch(entry.get(PAYLOAD, b""), delivery, time.time)
                 done.append(entry_id)
         finally:

@@ -43,6 +43,15 @@ def decode(decode_worker_id: str) -> str:
     return f"{PREFIX}.decode.{_checked(decode_worker_id)}"
 
 
+INBOX_ROOTS = (f"{PREFIX}.tokens.", f"{PREFIX}.stage.", f"{PREFIX}.decode.")
+
+
+def is_inbox(topic: str) -> bool:
+    """One process's own topic (and its dead letters): it outlives that process only briefly, since a
+    restarted pod or gateway comes back under another id and would leave it behind forever."""
+    return topic.startswith(INBOX_ROOTS)
+
+
 def dead_letter(topic: str) -> str:
     """Payloads that could not be decoded or whose handler kept failing (kept for inspection)."""
     return f"{topic}.dead"

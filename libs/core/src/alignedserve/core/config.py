@@ -40,6 +40,8 @@ from pydantic_settings import (
 )
 
 ENV_PREFIX = "ALIGNEDSERVE_"
+DEFAULT_DEPLOYMENT = "alignedserve"  # the control plane's own topic root: the names need no prefix
+DEPLOYMENT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # it becomes part of topic names
 MASK = "********"
 EXIT_CONFIG_ERROR = 2
 
@@ -108,6 +110,16 @@ class ServiceSettings(Settings):
     )
 
 
+def deployment_field() -> Any:
+    """The `deployment` knob of every service on the bus (and of `up`, which hands it to them)."""
+    return Field(
+        DEFAULT_DEPLOYMENT,
+        pattern=DEPLOYMENT_PATTERN,
+        description="deployment name: prefixes every bus topic, group and consumer id, so stacks sharing "
+        "a broker never read each other's messages (the Helm chart sets the release name)",
+    )
+
+
 class WorkerSettings(ServiceSettings):
     """Knobs shared by the back-end workers (prefill, kvpool, batcher, decode)."""
 
@@ -117,6 +129,7 @@ class WorkerSettings(ServiceSettings):
     bus: str = Field(
         "redis://127.0.0.1:6379/0", description="control bus: redis://HOST:PORT/DB or kafka://HOST:PORT"
     )
+    deployment: str = deployment_field()
     model: str = Field("smollm2", min_length=1, description="model name or path (smollm2: the bundled GGUF)")
     metrics_host: str = Field("127.0.0.1", description="address of the /health, /ready and /metrics server")
     metrics_port: int = Field(

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from alignedserve.bus import BusUnavailable
 from alignedserve.core.config import ConfigError, ServiceSettings, settings_or_exit_code
 from alignedserve.service.logs import configure_logging
 
@@ -32,6 +33,8 @@ def run_service(
         return asyncio.run(serve(settings))
     except (ConfigError, *fatal) as exc:  # type: ignore[misc]  # mypy cannot read a starred tuple of types
         print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    except BusUnavailable:  # the runtime logged why, in one line; a traceback would bury it
         return 2
     except KeyboardInterrupt:
         return 130

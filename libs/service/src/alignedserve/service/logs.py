@@ -75,6 +75,12 @@ def get_logger(name: str) -> structlog.stdlib.BoundLogger:
     return logger
 
 
+def bind_request_ids(**ids: str) -> None:
+    """Adds ids learnt while handling a request (the internal id the stack knows it by) to every later
+    log line of the task handling it; the task's context ends with the request, and the ids with it."""
+    structlog.contextvars.bind_contextvars(**ids)
+
+
 @contextmanager
 def request_context(request_id: str, **values: Any) -> Iterator[None]:
     """Every log line inside carries `request_id` (and `values`); restored on exit."""

@@ -17,7 +17,16 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from alignedserve.bus import Bus, ConsumerOptions, Delivery, Handler, Subscription, connect_bus, topics
+from alignedserve.bus import (
+    Bus,
+    BusUnavailable,
+    ConsumerOptions,
+    Delivery,
+    Handler,
+    Subscription,
+    connect_bus,
+    topics,
+)
 from alignedserve.bus.messages import Message, ServiceKind, WorkerHeartbeat, WorkerState
 from alignedserve.core.config import WorkerSettings
 from alignedserve.service.drain import Drain
@@ -68,7 +77,11 @@ class WorkerRuntime:
         app = ops_app(self.kind.value, self.is_ready, self.registry, self.drain)
         self._server = HttpServer(app, self.settings.metrics_host, self.settings.metrics_port)
         await self._server.start()
-        self._bus = await connect_bus(self.settings.bus)
+        try:
+            self._bus = await connect_bus(self.settings.bus, self.settings.deployment)
+        except BusUnavailable as exc:  # e.g. a broker that wants a password this worker lacks
+            log.error("bus_unavailable", error=str(exc))
+            raise
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="heartbeat"))
 
     async def subscribe(

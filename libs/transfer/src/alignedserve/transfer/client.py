@@ -11,6 +11,7 @@ re-prefill the request: corrupt KV is never handed back.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -103,6 +104,8 @@ class TransferClient:
         self._chunk_bytes = chunk_bytes
         self._connections: dict[PeerAddress, Connection] = {}
         self._connecting: dict[PeerAddress, asyncio.Lock] = {}
+        # the last failed connect per peer (when it ended, why): shared by whoever waited for it
+        self._connect_failed: dict[PeerAddress, tuple[float, PeerUnavailable]] = {}
         self._ucxx: Any = None
 
     @property
@@ -217,11 +220,23 @@ class TransferClient:
         if connection is not None and connection.alive:
             return connection
         lock = self._connecting.setdefault(peer, asyncio.Lock())
+        waiting_since = time.monotonic()
         async with lock:
             connection = self._connections.get(peer)
-            if connection is None or not connection.alive:
+            if connection is not None and connection.alive:
+                return connection
+            # A connect that failed while we waited answers for us too: a dead peer (a killed pool) must
+            # not cost every queued transfer a connect timeout of its own, one after another.
+            failed = self._connect_failed.get(peer)
+            if failed is not None and failed[0] >= waiting_since:
+                raise failed[1]
+            try:
                 connection = await self._connect(peer)
-                self._connections[peer] = connection
+            except PeerUnavailable as error:
+                self._connect_failed[peer] = (time.monotonic(), error)
+                raise
+            self._connect_failed.pop(peer, None)
+            self._connections[peer] = connection
             return connection
 
     async def _connect(self, peer: PeerAddress) -> Connection:

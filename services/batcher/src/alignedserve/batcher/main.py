@@ -33,7 +33,7 @@ from alignedserve.bus.messages import (
 )
 from alignedserve.core.liveness import Liveness
 from alignedserve.service.entry import run_service
-from alignedserve.service.logs import get_logger
+from alignedserve.service.logs import get_logger, request_context
 from alignedserve.service.worker import WorkerRuntime
 
 log = get_logger("alignedserve.batcher")
@@ -72,12 +72,16 @@ class Batcher:
         now = time.time()
         if isinstance(message, KvReady):
             self._refresh_staging()  # plans go to live workers only
+            with request_context(message.request_id):
+                log.info("request_waiting", prefix_len=message.prefix_len, blocks=message.blocks)
             plans = self.core.on_kv_ready(message, now)
         elif isinstance(message, DecodeStatus):
             self._refresh_staging()
             plans = self.core.on_status(message, now)
         elif isinstance(message, RequestEvicted) and message.to is None:
             self._refresh_staging()
+            with request_context(message.request_id):
+                log.info("request_back_to_pool", prefix_len=message.prefix_len, blocks=message.blocks)
             plans = self.core.on_evicted_to_pool(message, now)
         else:
             return  # PrefetchDone, CandidateBufferState: the decode worker's status already reflects them;
@@ -88,7 +92,8 @@ class Batcher:
 
     async def on_event(self, message: Message) -> None:
         if isinstance(message, Cancel | RequestFinished):
-            self.core.on_request_gone(message.request_id)
+            with request_context(message.request_id):
+                self.core.on_request_gone(message.request_id)
         elif isinstance(message, WorkerHeartbeat):
             self._on_heartbeat(message)
 
@@ -126,12 +131,21 @@ class Batcher:
                 prefix_lo=min(lengths),
                 prefix_hi=max(lengths),
             )
+            _log_members(plan)
             # The kvpool's copy first: were it sent last, a crash just before it would let the pool offer
             # these requests to the next batcher while their plan is out (two plans, one pull fails).
             await self.runtime.bus.publish(topics.BATCHER, plan)
             if plan.staging_worker_id:
                 await self.runtime.bus.publish(topics.staging(plan.staging_worker_id), plan)
             await self.runtime.bus.publish(topics.decode(plan.decode_worker_id), plan)
+
+
+def _log_members(plan: BatchPlan) -> None:
+    """One line per planned request, under its own id: the plan line above names none of them."""
+    for member in plan.requests:
+        with request_context(member.request_id):
+            log.info("request_planned", batch_id=plan.batch_id, decode=plan.decode_worker_id,
+                     prefix_len=member.prefix_len)  # fmt: skip
 
 
 async def serve(settings: BatcherSettings) -> int:

@@ -43,7 +43,7 @@ from alignedserve.engine.kv_envelope import EnvelopeError, KvEnvelope
 from alignedserve.engine.kv_export import KvExport, KvFormatError
 from alignedserve.engine.request import RequestError, RequestOutput
 from alignedserve.service.drain import Drain
-from alignedserve.service.logs import get_logger
+from alignedserve.service.logs import get_logger, request_context
 from alignedserve.service.sampling import to_params
 from alignedserve.transfer import TransferEndpoint, TransferError
 from alignedserve.transfer.memory import TorchMemory
@@ -94,6 +94,8 @@ class DecodeWorker:
             self._publish(self.core.on_plan(message))  # RequestLost of an overtaking failed PrefetchDone
             for planned in message.requests:
                 self._learn_pool(planned.location)
+                with request_context(planned.request_id):
+                    log.info("candidate_planned", batch_id=message.batch_id, buffer=message.buffer.value)
             log.info("plan_received", batch_id=message.batch_id, buffer=message.buffer.value,
                      size=len(message.requests), staging=message.staging_worker_id)  # fmt: skip
         elif isinstance(message, PrefetchDone):
@@ -108,8 +110,9 @@ class DecodeWorker:
         if isinstance(message, Cancel) or (
             isinstance(message, RequestFinished) and message.worker_id != self.core.worker_id
         ):
-            self.core.on_gone(message.request_id)
-            self.prefetcher.discard(message.request_id)
+            with request_context(message.request_id):
+                self.core.on_gone(message.request_id)
+                self.prefetcher.discard(message.request_id)
             self._wake.set()
         elif isinstance(message, WorkerHeartbeat) and message.kind is ServiceKind.KVPOOL:
             if message.state in (WorkerState.READY, WorkerState.STARTING) and message.ucx_address:
@@ -204,6 +207,9 @@ class DecodeWorker:
         for output in outputs:
             if output.finished:
                 self.metrics.finished.labels(output.finish_reason or "stop").inc()
+                with request_context(output.request_id):
+                    log.info("request_finished", reason=output.finish_reason or "stop",
+                             output_tokens=len(output.output_token_ids))  # fmt: skip
         self.metrics.prefix_spread.observe(profile.spread)
         if profile.batches > 1:
             self.metrics.mixed_iterations.inc()
@@ -215,6 +221,11 @@ class DecodeWorker:
     async def _evict_one(self, rid: str, back_to_pool: bool) -> None:
         """Export and push the request's KV, then free it here. When no one takes the KV it stays in the
         engine (whose own scheduler recomputes it if blocks run short) or, when draining, it fails."""
+        with request_context(rid):
+            log.info("request_evicting", back_to_pool=back_to_pool)
+            await self._evict_kv(rid, back_to_pool)
+
+    async def _evict_kv(self, rid: str, back_to_pool: bool) -> None:
         kv = self.engine.export_kv(rid)
         prompt, output = self.engine.token_ids(rid)
         envelope = KvEnvelope(kv.header, tuple(prompt), tuple(output))
@@ -252,6 +263,10 @@ class DecodeWorker:
         self.metrics.admission_stall_seconds.observe(time.perf_counter() - started)
 
     async def _import(self, candidate: Candidate, result: StagedKv | BaseException, source: str) -> None:
+        with request_context(candidate.request_id):
+            await self._import_kv(candidate, result, source)
+
+    async def _import_kv(self, candidate: Candidate, result: StagedKv | BaseException, source: str) -> None:
         rid = candidate.request_id
         if self.core.candidate(rid) is None:
             return  # cancelled while its KV was on the way
@@ -285,6 +300,8 @@ class DecodeWorker:
             return
         self.core.admitted(rid)
         self.metrics.admitted.labels(source or "requests").inc()
+        prefix_len = len(envelope.prompt_token_ids) + len(envelope.output_token_ids)
+        log.info("request_admitted", source=source or "requests", prefix_len=prefix_len)
 
     async def _return_candidate(self, candidate: Candidate) -> None:
         """Draining: hand a candidate back to the batcher, its KV where it is (pushed to the pool first
@@ -310,7 +327,8 @@ class DecodeWorker:
 
     def _lose(self, rid: str, reason: str) -> None:
         """Forget a request whose KV is gone; its gateway re-prefills it (`RequestLost`)."""
-        log.warning("request_lost", request_id=rid, reason=reason)
+        with request_context(rid):
+            log.warning("request_lost", reason=reason)
         self.prefetcher.discard(rid)
         self._publish(self.core.lose(rid, reason))
 

@@ -9,19 +9,21 @@ away cancels its requests in the backend (`generation.py`, `delivery.py`).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import Gauge
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from alignedserve.core.sampling import SamplingParams
+from alignedserve.gateway.access import ApiKeyMiddleware, access_from_settings
+from alignedserve.gateway.admission import Admission, token_budget
 from alignedserve.gateway.backend import (
+    BackendBusy,
     BackendError,
     GenerationBackend,
     GenerationRequest,
@@ -37,6 +39,7 @@ from alignedserve.gateway.endpoints import (
 )
 from alignedserve.gateway.errors import APIError, install_error_handlers
 from alignedserve.gateway.generation import Generation
+from alignedserve.gateway.limits import BodyLimitMiddleware
 from alignedserve.gateway.metrics import GatewayMetrics
 from alignedserve.gateway.prepare import check_model, sampling_params
 from alignedserve.gateway.protocol import (
@@ -51,50 +54,12 @@ from alignedserve.gateway.render import ChoiceOutput
 from alignedserve.gateway.tokenizer import PromptTokenizer
 from alignedserve.service.drain import Drain
 from alignedserve.service.http import mount_ops_routes
-from alignedserve.service.logs import get_logger, request_context
+from alignedserve.service.logs import bind_request_ids, get_logger, request_context
 
 log = get_logger(__name__)
 
 COMPLETIONS = CompletionsEndpoint()
 CHAT = ChatEndpoint()
-
-
-class Admission:
-    """At most `limit` requests in flight; each is also counted by the drain so SIGTERM waits for it."""
-
-    def __init__(self, limit: int, retry_after_s: int, drain: Drain, gauge: Gauge) -> None:
-        self.limit = limit
-        self.retry_after_s = retry_after_s
-        self.in_flight = 0
-        self._drain = drain
-        self._gauge = gauge
-
-    def admit(self) -> Callable[[], None]:
-        """Take a slot (429 with Retry-After when none is free); returns the release callback."""
-        if self.in_flight >= self.limit:
-            retry = str(self.retry_after_s)
-            raise APIError(
-                429,
-                f"The server is at its limit of {self.limit} requests in flight. Retry after {retry} s.",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": retry},
-            )
-        self._change(+1)
-        self._drain.enter()
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self._change(-1)
-                self._drain.leave()
-
-        return release
-
-    def _change(self, delta: int) -> None:
-        self.in_flight += delta
-        self._gauge.set(self.in_flight)
 
 
 @dataclass
@@ -128,12 +93,26 @@ def create_app(
     metrics = GatewayMetrics(settings.model_name, backend.stats, settings.throughput_window_s, migrations)
     drain = drain or Drain(settings.drain_timeout_s)
     gauge = metrics.in_flight.labels(settings.model_name)
-    admission = Admission(settings.max_inflight, settings.retry_after_s, drain, gauge)
+    capacity = getattr(backend, "kv_capacity_tokens", None)  # the KV behind the gateway, when known
+    budget = token_budget(
+        settings.max_queued_tokens, capacity, settings.max_inflight, tokenizer.max_model_len
+    )
+
+    def pool_usage() -> float:
+        return backend.stats().kv_pool_usage
+
+    admission = Admission(settings.max_inflight, settings.retry_after_s, drain, gauge, budget, pool_usage)
     state = GatewayState(settings, backend, tokenizer, metrics, drain, admission)
     app = FastAPI(title="AlignedServe", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.gateway = state
     install_error_handlers(app)
     mount_ops_routes(app, state.ready, metrics.registry, state.drain)
+    # Outermost last: every answer carries X-Request-Id; a request without a valid key is refused before
+    # its body is read; an oversized body before it is parsed.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        ApiKeyMiddleware, access=access_from_settings(settings), open_paths=settings.open_paths
+    )
     app.add_middleware(RequestIdMiddleware)
 
     @app.get("/v1/models")
@@ -161,7 +140,12 @@ _REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 class RequestIdMiddleware:
-    """Binds a request id (the client's X-Request-Id if sane, else a new one) to logs and the response.
+    """Gives every request a new internal id and binds it, with the client's X-Request-Id, to the logs.
+
+    The client's id (1-128 of [A-Za-z0-9._:-]) is only a label: it is echoed back and logged (as
+    `request_id` and `client_request_id`), never used as the key the backend and the stack know the request by, so two
+    clients sending the same id (or one reusing it) cannot touch each other's requests. Without one the
+    response carries the internal id.
 
     Plain ASGI rather than `@app.middleware`: that wrapper re-streams responses through a task group and
     would get between the SSE response and the client's disconnect.
@@ -175,15 +159,20 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send)
             return
         given = dict(scope.get("headers", [])).get(b"x-request-id", b"").decode("latin-1")
-        request_id = given if _REQUEST_ID_OK.match(given) else new_request_id("req")
-        scope.setdefault("state", {})["request_id"] = request_id
+        label = given if _REQUEST_ID_OK.match(given) else None
+        request_id = new_request_id("req")
+        scope.setdefault("state", {}).update(request_id=request_id, client_request_id=label)
+        echoed = (label or request_id).encode()
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", echoed)]
             await send(message)
 
-        with request_context(request_id):
+        # Logs name the request as its client does (`request_id`: the label, else the internal id); the
+        # key the stack knows it by is bound as `internal_id` once the request is admitted (`_start`).
+        labels = {"client_request_id": label} if label else {}
+        with request_context(label or request_id, **labels):
             await self.app(scope, receive, send_with_id)
 
 
@@ -251,12 +240,19 @@ async def _start(
     """Admit every choice (429 when the slots run out) and submit each to the backend (400 if it refuses
     one, 500 if it fails); nothing stays admitted on an error. Returns the response id and the choices'
     generations in choice order."""
-    choices = _prepare(state, body, endpoint)
-    response_id = f"{endpoint.id_prefix}-{body.request_id or request.state.request_id}"
+    # Tokenizing and rendering a long prompt takes seconds of CPU: a worker thread keeps the event loop
+    # (other requests, /ready) responsive meanwhile. The tokenizer's encode only reads shared state.
+    choices = await asyncio.to_thread(_prepare, state, body, endpoint)
+    # The backend's key is always this request's own internal id: a client's `request_id` or
+    # X-Request-Id only labels the response, so a repeated one cannot collide with a request in flight.
+    key = f"{endpoint.id_prefix}-{request.state.request_id}"
+    label = body.request_id or request.state.client_request_id
+    response_id = f"{endpoint.id_prefix}-{label}" if label else key
+    bind_request_ids(internal_id=key)  # the id the workers log: one grep follows the request
     generations: list[Generation] = []
     try:
         for index, choice in enumerate(choices):
-            request_id = response_id if len(choices) == 1 else f"{response_id}-{index}"
+            request_id = key if len(choices) == 1 else f"{key}-{index}"
             generations.append(await _start_choice(state, request_id, choice, body.user))
     except BaseException:
         for generation in generations:
@@ -268,8 +264,8 @@ async def _start(
 async def _start_choice(
     state: GatewayState, request_id: str, choice: PlannedChoice, user: str | None
 ) -> Generation:
-    release = state.admission.admit()
     prompt_ids, params = choice.prompt_ids, choice.params
+    release = state.admission.admit(len(prompt_ids) + params.max_tokens)
     model = state.settings.model_name
     gen_request = GenerationRequest(request_id, model, tuple(prompt_ids), params, time.monotonic())
     state.metrics.record_admitted(len(prompt_ids))
@@ -280,6 +276,9 @@ async def _start_choice(
     except RequestRejected as exc:
         await generation.close("rejected")
         raise APIError(400, str(exc)) from None
+    except BackendBusy as exc:
+        await generation.close("backend_busy")
+        raise state.admission.refuse_busy(str(exc)) from None
     except BackendError as exc:
         await generation.close("backend_error")
         raise APIError(500, f"generation failed to start: {exc}") from None

@@ -26,6 +26,10 @@ class BackendError(RuntimeError):
     """The backend could not run a request (not a client error): surfaces as HTTP 500."""
 
 
+class BackendBusy(BackendError):
+    """The backend cannot take the request now (its connections stayed busy): HTTP 429, retry later."""
+
+
 class RequestRejected(BackendError):
     """The backend refuses this request as given (e.g. it can never fit its KV cache): HTTP 400."""
 

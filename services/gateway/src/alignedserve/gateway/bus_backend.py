@@ -10,6 +10,10 @@ The I/O edge around three pure parts:
   released, under a new incarnation id, at most `max_migrations` times (the decisions: migration.py).
 submit publishes `PrefillRequest` on the prefill topic; cancel publishes `Cancel` on the events topic,
 which every service reads (blocks are freed everywhere). This gateway beats on the events topic too.
+
+Bus writes go through a bounded number of slots (`max_publishes`, below the Redis client's connection
+pool): a burst of requests waits for a slot instead of opening a connection each, and a request that
+cannot get one within `publish_wait_s` is refused with `BackendBusy` (the gateway's 429), never a 500.
 """
 
 from __future__ import annotations
@@ -33,7 +37,13 @@ from alignedserve.bus.messages import (
     WorkerHeartbeat,
     WorkerState,
 )
-from alignedserve.gateway.backend import BackendError, BackendStats, GenerationRequest, TokenDelta
+from alignedserve.gateway.backend import (
+    BackendBusy,
+    BackendError,
+    BackendStats,
+    GenerationRequest,
+    TokenDelta,
+)
 from alignedserve.gateway.cluster import ClusterView
 from alignedserve.gateway.config import GatewaySettings
 from alignedserve.gateway.migration import GiveUp, MigrationBook
@@ -53,6 +63,11 @@ class BusBackendOptions:
     heartbeat_interval_s: float = 2.0  # how often this gateway announces itself on the events topic
     max_migrations: int = 3  # re-prefills of one request whose KV or worker was lost, then it fails
     watch_interval_s: float = 0.5  # how often silent workers are looked for (their requests migrate)
+    # redis-py's asyncio pool holds 100 connections and raises past them; the gateway's three readers and
+    # its heartbeat take a few, so 32 concurrent writes stay well inside it.
+    max_publishes: int = 32
+    publish_wait_s: float = 5.0  # a new request waits this long for a write slot, then gets its 429
+    kv_block_size: int = 16  # tokens per KV block in the decode workers (their engine's default)
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> BusBackendOptions:
@@ -60,6 +75,8 @@ class BusBackendOptions:
             gateway_id=settings.gateway_id,
             worker_timeout_s=settings.worker_timeout_s,
             max_migrations=settings.max_migrations,
+            max_publishes=settings.bus_max_publishes,
+            publish_wait_s=settings.bus_wait_timeout_s,
         )
 
 
@@ -79,6 +96,7 @@ class BusBackend:
         self._tasks: list[asyncio.Task[None]] = []
         self._beat_seq = 0
         self._started_at = time.time()
+        self._write_slots = asyncio.Semaphore(self.options.max_publishes)
 
     @classmethod
     def from_url(cls, url: str, options: BusBackendOptions | None = None) -> BusBackend:
@@ -144,6 +162,11 @@ class BusBackend:
     def stats(self) -> BackendStats:
         return self.cluster.stats(time.monotonic(), self.options.worker_timeout_s, len(self._queues))
 
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the live decode workers' KV caches hold (admission's default budget); 0 while unknown."""
+        blocks = self.cluster.decode_capacity_blocks(time.monotonic(), self.options.worker_timeout_s)
+        return blocks * self.options.kv_block_size
+
     def migration_counts(self) -> dict[str, int]:
         """Migrations so far by reason (the gateway's `request_migrations_total` counter)."""
         return dict(self.driver.counts)
@@ -169,7 +192,10 @@ class BusBackend:
             gateway_id=self.options.gateway_id,
         )
         try:
-            await self.bus.publish(topics.PREFILL, message)
+            await self._publish(topics.PREFILL, message, self.options.publish_wait_s)
+        except BackendBusy:
+            self._forget(request.request_id)
+            raise
         except Exception as exc:
             self._forget(request.request_id)
             raise BackendError(f"could not publish the request to {topics.PREFILL}: {exc}") from exc
@@ -188,7 +214,18 @@ class BusBackend:
     async def cancel(self, request_id: str) -> None:
         incarnation = self.router.book.incarnation(request_id) or request_id  # the id the stack knows now
         self._forget(request_id)
-        await self.bus.publish(topics.EVENTS, Cancel(request_id=incarnation, reason="client disconnected"))
+        await self._publish(topics.EVENTS, Cancel(request_id=incarnation, reason="client disconnected"))
+
+    async def _publish(self, topic: str, message: Message, wait_s: float | None = None) -> None:
+        """Publish through a write slot; `wait_s` bounds the wait for one (None: as long as it takes)."""
+        try:
+            await asyncio.wait_for(self._write_slots.acquire(), wait_s)
+        except TimeoutError:
+            raise BackendBusy(f"no bus write slot within {wait_s} s") from None
+        try:
+            await self.bus.publish(topic, message)
+        finally:
+            self._write_slots.release()
 
     def _forget(self, request_id: str) -> None:
         self._queues.pop(request_id, None)
@@ -242,7 +279,7 @@ class BusBackend:
         self._beat_seq += 1
         beat = WorkerHeartbeat(kind=ServiceKind.GATEWAY, worker_id=self.options.gateway_id, state=state,
                                seq=self._beat_seq, started_at=self._started_at)  # fmt: skip
-        await self.bus.publish(topics.EVENTS, beat)
+        await self._publish(topics.EVENTS, beat)
 
     async def _watch_forever(self) -> None:
         while True:
@@ -270,7 +307,7 @@ class BusBackend:
                             migration=decision.count)  # fmt: skip
             try:
                 for topic, message in move.publish:
-                    await self.bus.publish(topic, message)
+                    await self._publish(topic, message)
             except Exception as exc:  # the new incarnation may never start: fail rather than hang
                 log.warning("request_migration_failed", id=decision.request_id, error=repr(exc))
                 self._abort(decision.request_id)

@@ -50,6 +50,11 @@ class ClusterView:
             self.live(ServiceKind.PREFILL, now, timeout_s) and self.live(ServiceKind.DECODE, now, timeout_s)
         )
 
+    def decode_capacity_blocks(self, now: float, timeout_s: float) -> int:
+        """KV blocks of the live decode workers, as they last reported them (0 before any report)."""
+        decoders = set(self.live(ServiceKind.DECODE, now, timeout_s))
+        return sum(r.total_blocks for worker_id, r in self.decode_status.items() if worker_id in decoders)
+
     def stats(self, now: float, timeout_s: float, in_flight: int) -> BackendStats:
         """Load over the live workers; `in_flight`: requests this gateway has open."""
         decoders = set(self.live(ServiceKind.DECODE, now, timeout_s))

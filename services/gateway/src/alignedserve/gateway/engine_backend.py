@@ -136,6 +136,11 @@ class EngineBackend:
             decode_kv_usage=allocator.num_used / allocator.num_blocks,
         )
 
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the engine's KV cache holds (admission's default token budget); 0 before it starts."""
+        engine = self._engine
+        return 0 if engine is None else engine.allocator.num_blocks * engine.allocator.block_size
+
     async def submit(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
         if not self.ready():
             raise BackendError(f"the engine is not running ({self._failure or 'not started'})")

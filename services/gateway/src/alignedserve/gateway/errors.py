@@ -17,8 +17,10 @@ from alignedserve.gateway.protocol import ErrorInfo, ErrorResponse, ParamError
 
 _TYPES = {
     400: "invalid_request_error",
+    401: "invalid_request_error",  # OpenAI's, with code "invalid_api_key"
     404: "invalid_request_error",
     405: "invalid_request_error",
+    413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable_error",

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import anyio
 
 from alignedserve.gateway.backend import (
+    BackendBusy,
     BackendError,
     GenerationBackend,
     GenerationRequest,
@@ -43,6 +44,7 @@ class Generation:
         self._release = release
         self._deltas: AsyncIterator[TokenDelta] | None = None
         self._closed = False
+        self._sent = True  # whether the backend may hold the request (then close() cancels it)
 
     @property
     def finished(self) -> bool:
@@ -50,7 +52,13 @@ class Generation:
 
     async def start(self) -> None:
         """Submit to the backend; raises RequestRejected / BackendError before any output."""
-        self._deltas = await self._backend.submit(self.request)
+        try:
+            self._deltas = await self._backend.submit(self.request)
+        except BackendBusy:
+            # Never handed over: nothing to cancel, and a cancel would wait on the very resource that
+            # was busy.
+            self._sent = False
+            raise
 
     async def chunks(self) -> AsyncIterator[OutputChunk]:
         """Final text chunks until the finish; raises BackendError on a backend failure."""
@@ -84,7 +92,7 @@ class Generation:
         self._closed = True
         with anyio.CancelScope(shield=True):
             try:
-                if not self._assembler.backend_finished:
+                if self._sent and not self._assembler.backend_finished:
                     log.info("request_cancelled", reason=reason, finished=self.finished)
                     await self._backend.cancel(self.request.request_id)
                 if not self.finished:

@@ -77,11 +77,14 @@ async def _engine_backend(settings: GatewaySettings) -> tuple[GenerationBackend,
 
 
 async def _bus_backend(settings: GatewaySettings) -> tuple[GenerationBackend, PromptTokenizer]:
+    from alignedserve.bus import make_bus
     from alignedserve.gateway.bus_backend import BusBackend, BusBackendOptions
 
     tokenizer = await asyncio.to_thread(
         load_prompt_tokenizer, settings.model, settings.tokenizer, settings.max_model_len
     )
-    backend = BusBackend.from_url(settings.bus, BusBackendOptions.from_settings(settings))
+    # the deployment's namespace: its topics and groups are apart from other stacks on the broker
+    bus = make_bus(settings.bus, settings.deployment)
+    backend = BusBackend(bus, BusBackendOptions.from_settings(settings))
     await backend.start()
     return backend, tokenizer

@@ -35,8 +35,21 @@ def completion_prompts(body: CompletionRequest, tokenizer: PromptTokenizer) -> l
     ]
 
 
+def check_text_fits(chars: int, tokenizer: PromptTokenizer, name: str) -> None:
+    """400 at once for a text that cannot fit the context however it tokenizes (see `fewest_tokens`)."""
+    context, fewest = tokenizer.max_model_len, tokenizer.fewest_tokens(chars)
+    if fewest >= context:
+        raise bad_request(
+            f"This model's maximum context length is {context} tokens. However, you requested at least "
+            f"{fewest} tokens in the {name}. Please reduce the length of the {name}.",
+            name.split("[")[0],  # prompt[3] of a batch: the parameter is `prompt`
+            code="context_length_exceeded",
+        )
+
+
 def _completion_prompt(prompt: str | list[int], tokenizer: PromptTokenizer, name: str) -> list[int]:
     if isinstance(prompt, str):
+        check_text_fits(len(prompt), tokenizer, name)
         ids = tokenizer.encode_text(prompt)
     else:
         ids = prompt
@@ -52,6 +65,7 @@ def _completion_prompt(prompt: str | list[int], tokenizer: PromptTokenizer, name
 
 def chat_prompt(body: ChatCompletionRequest, tokenizer: PromptTokenizer) -> list[int]:
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    check_text_fits(sum(len(m["content"]) for m in messages), tokenizer, "messages")
     try:
         return tokenizer.encode_chat(messages, add_generation_prompt=body.add_generation_prompt)
     except ValueError as exc:

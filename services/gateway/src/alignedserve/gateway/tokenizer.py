@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from types import SimpleNamespace
 from typing import Any
 
@@ -50,6 +51,17 @@ class PromptTokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.tokenizer)
+
+    @cached_property
+    def longest_token_chars(self) -> int:
+        """The most text characters one token can stand for (its vocabulary form in UTF-8 bytes: at least
+        as many as the characters it decodes to, whatever the tokenizer's byte encoding)."""
+        return max((len(token.encode("utf-8")) for token in self.tokenizer.get_vocab()), default=1)
+
+    def fewest_tokens(self, text_chars: int) -> int:
+        """A lower bound on the tokens of a text of `text_chars` characters, known without tokenizing it:
+        a prompt too long for the context by this bound is refused without spending seconds on it."""
+        return -(-text_chars // max(1, self.longest_token_chars))
 
 
 def load_prompt_tokenizer(model: str, tokenizer: str | None, max_model_len: int | None) -> PromptTokenizer:

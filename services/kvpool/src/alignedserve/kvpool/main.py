@@ -24,7 +24,7 @@ from alignedserve.bus.messages import Cancel, Message, RequestFinished, ServiceK
 from alignedserve.kvpool.config import KvPoolSettings
 from alignedserve.kvpool.index import PoolIndex
 from alignedserve.service.entry import run_service
-from alignedserve.service.logs import get_logger
+from alignedserve.service.logs import get_logger, request_context
 from alignedserve.service.ops_metrics import register_transfer_metrics
 from alignedserve.service.worker import WorkerRuntime
 from alignedserve.transfer import KVRegistry, TransferEndpoint
@@ -36,7 +36,10 @@ ENDED_IDS = 100_000
 
 
 class PoolStore(KvStore):
-    """The pool's store: `on_release(key)` runs whenever an entry leaves it (pulled, replaced, dropped)."""
+    """The pool's store: `on_release(key)` runs whenever an entry leaves it (pulled, replaced, dropped).
+
+    Entries are keyed by request id: their arrival and departure are logged under it, so a grep for a
+    request finds where its KV waited."""
 
     def __init__(
         self, budget_bytes: int, on_release: Callable[[str], None], memory: KvMemory | None = None
@@ -44,9 +47,16 @@ class PoolStore(KvStore):
         super().__init__(budget_bytes, memory)
         self._on_release = on_release
 
+    def commit(self, key: str) -> None:
+        super().commit(key)
+        with request_context(key):
+            log.info("kv_stored", used_bytes=self.used_bytes)
+
     def release(self, key: str) -> bool:
         released = super().release(key)
         if released:
+            with request_context(key):
+                log.info("kv_released", used_bytes=self.used_bytes)
             self._on_release(key)
         return released
 
@@ -96,9 +106,10 @@ async def serve(settings: KvPoolSettings) -> int:
 
         async def on_event(message: Message) -> None:
             if isinstance(message, Cancel | RequestFinished):
-                ended.add(message.request_id)
-                index.forget(message.request_id)
-                endpoint.registry.drop(message.request_id)
+                with request_context(message.request_id):
+                    ended.add(message.request_id)
+                    index.forget(message.request_id)
+                    endpoint.registry.drop(message.request_id)
             elif isinstance(message, WorkerHeartbeat):
                 again = index.on_heartbeat(message, served, time.time())
                 if again:

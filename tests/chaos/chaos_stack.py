@@ -1,0 +1,155 @@
+"""The stack as separate processes for the chaos cases, with this harness as its supervisor.
+
+The services start with the arguments `alignedserve up` gives them, but not under `up`: the harness
+signals one of them (SIGKILL, SIGSTOP) and then restarts or resumes it itself, as a supervisor (or the
+kubelet) would, so a case sees what the other services and the clients live through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from alignedserve.up import main as up
+from alignedserve.up.config import UpSettings
+
+READY_TIMEOUT_S = 600.0  # the first start converts the model's weights once
+WORKER_TIMEOUT_S = 4  # gateway and batcher: a worker silent this long is dead
+MAX_INFLIGHT = 12  # the gateway's admission limit (above the load's 8 and a probe); the burst sends 5x it
+STACK_ENV = {
+    "ALIGNEDSERVE_WORKER_TIMEOUT_S": str(WORKER_TIMEOUT_S),
+    "ALIGNEDSERVE_GATEWAY_MAX_INFLIGHT": str(MAX_INFLIGHT),
+}
+
+
+def run_all() -> bool:
+    """`make chaos` (CHAOS_ALL=1): every case; otherwise one per fault class."""
+    return os.environ.get("CHAOS_ALL") == "1"
+
+
+@dataclass
+class Service:
+    name: str
+    port: int  # /ready and /metrics (the gateway: its HTTP port)
+    argv: list[str]
+    env: dict[str, str]
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def ready_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/ready"
+
+
+@dataclass
+class ChaosStack:
+    url: str  # the gateway
+    services: dict[str, Service]
+    log_dir: Path
+    restarts: dict[str, int] = field(default_factory=dict)
+
+    def names(self, kind: str) -> list[str]:
+        return [name for name in self.services if name.startswith(kind)]
+
+    def metric(self, service: str, name: str) -> float:
+        """Sum of a metric's samples (every label set) on one service; 0 when absent."""
+        text = httpx.get(f"http://127.0.0.1:{self.services[service].port}/metrics", timeout=5).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name) and line[len(name)] in " {":
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def signal(self, service: str, signum: signal.Signals) -> None:
+        self.services[service].process.send_signal(signum)
+
+    def kill(self, service: str) -> None:
+        """SIGKILL: no drain, no STOPPED heartbeat; whatever it held in memory is gone."""
+        process = self.services[service].process
+        process.kill()
+        process.wait()
+
+    def restart(self, service: str) -> None:
+        """Start a killed service again with the same arguments (its log continues in the same file)."""
+        old = self.services[service]
+        assert old.process.poll() is not None, f"{service} is still running"
+        process, log_path = up.start(old.name, old.argv, self.log_dir, old.env)
+        self.services[service] = Service(old.name, old.port, old.argv, old.env, process, log_path)
+        self.restarts[service] = self.restarts.get(service, 0) + 1
+
+    def is_ready(self, service: str) -> bool:
+        return up.is_ready(self.services[service].ready_url)
+
+    def wait_ready(self, service: str, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.is_ready(service):
+            assert self.services[service].process.poll() is None, f"{service} exited:\n{self.tail(service)}"
+            assert time.monotonic() < deadline, f"{service} not ready in {timeout_s} s"
+            time.sleep(0.2)
+
+    def tail(self, service: str, chars: int = 3000) -> str:
+        return self.services[service].log_path.read_text(errors="replace")[-chars:]
+
+    def total_blocks(self, decode: str) -> int:
+        """The decode worker's KV blocks, from its (latest) ready line."""
+        ready = [
+            json.loads(line)
+            for line in self.services[decode].log_path.read_text(errors="replace").splitlines()
+            if '"decode_ready"' in line
+        ]
+        return int(ready[-1]["total_blocks"])
+
+    def stop(self) -> None:
+        for service in self.services.values():  # a paused one would ignore SIGTERM until resumed
+            if service.process.poll() is None:
+                service.process.send_signal(signal.SIGCONT)
+        up.stop_all([_child(s) for s in self.services.values()])
+
+
+def _child(service: Service) -> up.Child:
+    return up.Child(service.name, service.ready_url, service.process, service.log_path)
+
+
+def start_stack(bus_url: str, log_dir: Path, *, decode: int, env: dict[str, str]) -> ChaosStack:
+    """What `alignedserve up --bus BUS_URL --decode N` starts, each service with `env` added."""
+    base = _free_port_block(8)
+    cfg = UpSettings(
+        host="127.0.0.1", port=base, bus=bus_url, policy="aligned", prefetch="on", prefill=1, decode=decode,
+        model="smollm2", device="cpu", dtype="float32", metrics_base_port=base + 1, log_dir=log_dir,
+    )  # fmt: skip
+    services: dict[str, Service] = {}
+    try:
+        for name, port, argv in up.service_commands(cfg, bus_url):
+            extra = {**up.engine_env(cfg, argv), **env}
+            process, log_path = up.start(name, argv, log_dir, extra)
+            services[name] = Service(name, port, argv, extra, process, log_path)
+        up.wait_ready([_child(s) for s in services.values()], READY_TIMEOUT_S)
+    except BaseException:
+        up.stop_all([_child(s) for s in services.values()])
+        raise
+    return ChaosStack(f"http://127.0.0.1:{cfg.port}", services, log_dir)
+
+
+def _free_port_block(size: int) -> int:
+    """A base port whose next `size` ports are free now (away from the e2e tests' range)."""
+    for base in range(41000 + (os.getpid() % 100) * 100, 60000, 89):
+        if all(_free(base + i) for i in range(size)):
+            return base
+    raise RuntimeError("no free port block")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

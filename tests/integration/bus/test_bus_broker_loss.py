@@ -1,0 +1,96 @@
+"""A broker that loses its data (Redis FLUSHALL, a restart without persistence, a tansu restart) is used
+again within 10 s: the bus re-creates its streams, topics and groups and says in its log what was lost."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+from bus_helpers import eventually
+from own_brokers import own_redis, own_tansu
+
+from alignedserve.bus import Bus, Delivery, connect_bus
+from alignedserve.bus.messages import Cancel, Message
+
+RECOVERY_S = 10.0
+REDIS_OPTIONS = "claim_idle_ms=500&claim_interval_ms=200&block_ms=200&socket_timeout=2"
+KAFKA_OPTIONS = "session_timeout_ms=1000&heartbeat_interval_ms=200&rebalance_timeout_ms=1000&poll_ms=100"
+
+
+async def _publish_until_handled(bus: Bus, topic: str, got: list[str], request_id: str) -> float:
+    """Publish (again, while the broker is still coming back) until the handler saw it; seconds taken."""
+    start = time.monotonic()
+
+    def handled() -> bool:
+        return request_id in got
+
+    while not handled():
+        assert time.monotonic() - start < RECOVERY_S, f"{request_id} not handled within {RECOVERY_S}s"
+        try:
+            await bus.publish(topic, Cancel(request_id=request_id))
+        except Exception as exc:  # the broker is not back yet: try again
+            logging.getLogger(__name__).info("publish failed: %r", exc)
+        try:
+            await eventually(handled, timeout=1.0, what=request_id)
+        except AssertionError:
+            continue
+    return time.monotonic() - start
+
+
+async def _subscribed(bus: Bus, topic: str, got: list[str]) -> None:
+    async def handler(message: Message, _delivery: Delivery) -> None:
+        assert isinstance(message, Cancel)
+        got.append(message.request_id)
+
+    sub = await bus.subscribe(topic, group="g", consumer="c", handler=handler)
+    await sub.ready()
+
+
+async def test_redis_flushall_and_restart_recreate_streams_and_groups(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="alignedserve.bus")
+    topic = f"test.loss.{uuid.uuid4().hex}"
+    got: list[str] = []
+    with own_redis(tmp_path) as broker:
+        url = f"redis://127.0.0.1:{broker.port}/0"
+        bus = await connect_bus(f"{url}?{REDIS_OPTIONS}")
+        try:
+            await _subscribed(bus, topic, got)
+            await _publish_until_handled(bus, topic, got, "before")
+            redis.Redis.from_url(url).flushall()
+            flushed_s = await _publish_until_handled(bus, topic, got, "after-flush")
+            broker.restart()
+            restarted_s = await _publish_until_handled(bus, topic, got, "after-restart")
+        finally:
+            await bus.close()
+    assert got[0] == "before" and {"after-flush", "after-restart"} <= set(got)
+    lost = [r.getMessage() for r in caplog.records if "Redis lost stream" in r.getMessage()]
+    assert len(lost) >= 2, caplog.text  # once per loss: what was lost, and that the group was re-created
+    assert topic in lost[0] and "re-created the group" in lost[0]
+    print(f"recovered after FLUSHALL in {flushed_s:.2f}s, after a restart in {restarted_s:.2f}s")
+
+
+async def test_kafka_broker_restart_recreates_topics_and_groups(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="alignedserve.bus")
+    topic = f"test.loss.{uuid.uuid4().hex}"
+    got: list[str] = []
+    with own_tansu(tmp_path) as broker:
+        bus = await connect_bus(f"kafka://127.0.0.1:{broker.port}?{KAFKA_OPTIONS}")
+        try:
+            await _subscribed(bus, topic, got)
+            await _publish_until_handled(bus, topic, got, "before")
+            broker.restart()
+            restarted_s = await _publish_until_handled(bus, topic, got, "after-restart")
+        finally:
+            await bus.close()
+    assert got[0] == "before" and "after-restart" in got
+    lost = [r.getMessage() for r in caplog.records if "the broker lost it" in r.getMessage()]
+    assert lost and topic in lost[0], caplog.text
+    print(f"recovered after a tansu restart in {restarted_s:.2f}s")
