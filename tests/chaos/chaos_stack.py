@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from free_ports import free_port_block
 
 from alignedserve.up import main as up
 from alignedserve.up.config import UpSettings
@@ -120,7 +120,7 @@ def _child(service: Service) -> up.Child:
 
 def start_stack(bus_url: str, log_dir: Path, *, decode: int, env: dict[str, str]) -> ChaosStack:
     """What `alignedserve up --bus BUS_URL --decode N` starts, each service with `env` added."""
-    base = _free_port_block(8)
+    base = free_port_block(8, first=41000)  # away from the e2e tests' range
     cfg = UpSettings(
         host="127.0.0.1", port=base, bus=bus_url, policy="aligned", prefetch="on", prefill=1, decode=decode,
         model="smollm2", device="cpu", dtype="float32", metrics_base_port=base + 1, log_dir=log_dir,
@@ -136,20 +136,3 @@ def start_stack(bus_url: str, log_dir: Path, *, decode: int, env: dict[str, str]
         up.stop_all([_child(s) for s in services.values()])
         raise
     return ChaosStack(f"http://127.0.0.1:{cfg.port}", services, log_dir)
-
-
-def _free_port_block(size: int) -> int:
-    """A base port whose next `size` ports are free now (away from the e2e tests' range)."""
-    for base in range(41000 + (os.getpid() % 100) * 100, 60000, 89):
-        if all(_free(base + i) for i in range(size)):
-            return base
-    raise RuntimeError("no free port block")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

@@ -13,10 +13,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
+import redis_databases
 from chaos_load import HEADER, Row, write_table
 from chaos_stack import STACK_ENV, ChaosStack, start_stack
 
-CHAOS_REDIS_DB = 7  # a database of its own, flushed first
+CHAOS_REDIS_DB = redis_databases.CHAOS
 ROWS: list[Row] = []
 
 

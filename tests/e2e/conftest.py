@@ -8,9 +8,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
+import redis_databases
 from e2e_stack import Stack, start_stack
 
-E2E_REDIS_DB = 11  # a database of its own, flushed first: stale streams of other runs never interfere
+E2E_REDIS_DB = redis_databases.E2E_STACK
 
 
 def _dedicated_db(url: str, db: int) -> str:

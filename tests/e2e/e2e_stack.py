@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,28 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from free_ports import free_port_block
 
 from alignedserve.up import main as up
 from alignedserve.up.config import UpSettings
 
 READY_LINE = re.compile(r"AlignedServe ready: (http://\S+)/v1")
-
-
-def free_port_block(size: int) -> int:
-    """A base port whose next `size` ports are free now."""
-    for base in range(21000 + (os.getpid() % 200) * 100, 60000, 97):
-        if all(_free(base + i) for i in range(size)):
-            return base
-    raise RuntimeError("no free port block")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @dataclass

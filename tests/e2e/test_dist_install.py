@@ -24,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
+import redis_databases
 from e2e_stack import READY_LINE, free_port_block, worker_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ IMAGE_STAGE = "build-up"  # the stage that fills the `up` image's venv: the whol
 TORCH_CPU_WHEELS = Path(os.environ.get("TORCH_CPU_WHEELS", "/opt/wheels"))
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
-DIST_REDIS_DB = 12  # a database of its own, flushed first
+DIST_REDIS_DB = redis_databases.DIST_INSTALL
 pytestmark = pytest.mark.slow
 
 

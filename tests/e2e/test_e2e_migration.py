@@ -16,11 +16,12 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 import redis
+import redis_databases
 from e2e_stack import Services, start_services, wait_until
 
 pytestmark = pytest.mark.slow
 
-MIGRATION_REDIS_DB = 10  # a database of its own, flushed first
+MIGRATION_REDIS_DB = redis_databases.MIGRATION
 WORKER_TIMEOUT_S = "4"  # gateway and batcher: a worker silent this long is dead
 MAX_TOKENS = 128
 MID_DECODE_TOKENS = 40  # the victim has generated this many tokens when it is killed

@@ -14,11 +14,12 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 import redis
+import redis_databases
 from e2e_stack import Stack, start_stack, wait_until
 
 pytestmark = pytest.mark.slow
 
-SUPERVISION_DB = 6  # a database of its own, flushed first
+SUPERVISION_DB = redis_databases.SUPERVISION
 DEPLOYMENT = "e2e-supervised"  # a deployment of its own too: every service must honour the namespace
 
 

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
+import redis_databases
 
 from alignedserve.bus import Bus, ConsumerOptions, Delivery, connect_bus, topics
 from alignedserve.bus.messages import (
@@ -48,7 +49,11 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 def _private_db(url: str) -> str:
     """Redis: a database of our own, so no other prefill consumer on the shared server sees our requests."""
     parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/13")) if parts.scheme.startswith("redis") else url
+    return (
+        urlunsplit(parts._replace(path=f"/{redis_databases.GATEWAY_BUS_BACKEND}"))
+        if parts.scheme.startswith("redis")
+        else url
+    )
 
 
 class FakeWorkers:

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
+import redis_databases
 
 from alignedserve.bus import Bus, ConsumerOptions, Delivery, connect_bus, topics
 from alignedserve.bus.messages import (
@@ -70,7 +71,7 @@ class AnsweringWorkers:
 
 
 def _private_db(url: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/8"))  # a database no other test uses
+    return urlunsplit(urlsplit(url)._replace(path=f"/{redis_databases.OVERLOAD}"))
 
 
 @pytest.fixture

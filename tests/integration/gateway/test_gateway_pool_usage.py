@@ -11,6 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
+import redis_databases
 
 from alignedserve.bus import Bus, connect_bus, topics
 from alignedserve.bus.messages import ServiceKind, WorkerHeartbeat, WorkerState
@@ -20,7 +21,7 @@ from alignedserve.gateway.config import GatewaySettings
 from alignedserve.gateway.tokenizer import PromptTokenizer
 from alignedserve.service.http import HttpServer
 
-DB = 10
+DB = redis_databases.POOL_USAGE
 GAUGE = 'alignedserve:kv_pool_usage_perc{model_name="smollm2"}'
 
 

@@ -6,7 +6,6 @@ them (its own helpers), each with its own environment."""
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -14,6 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 import redis
+import redis_databases
+from free_ports import free_port_block
 
 from alignedserve.up import main as up
 from alignedserve.up.config import UpSettings
@@ -21,21 +22,8 @@ from alignedserve.up.config import UpSettings
 WITHOUT_TORCH = Path(__file__).parents[2] / "support" / "without_torch"  # its sitecustomize hides torch
 TORCHLESS = ("gateway", "batcher")
 CHECKED = (*TORCHLESS, "prefill", "decode")
-DB = 8  # a Redis database of its own, flushed first
+DB = redis_databases.WITHOUT_TORCH
 MAX_TOKENS = 4
-
-
-def _free_port_block(size: int) -> int:
-    """A base port whose next `size` ports are free now (`up` numbers the workers' ports in a row)."""
-    for base in range(30000 + (os.getpid() % 100) * 100, 60000, 89):
-        try:
-            for port in range(base, base + size):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port block")
 
 
 def _env(argv: list[str], cfg: UpSettings) -> dict[str, str]:
@@ -51,7 +39,7 @@ def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     parts = urlsplit(redis_url)
     bus = urlunsplit((parts.scheme, parts.netloc, f"/{DB}", parts.query, ""))
     redis.Redis.from_url(bus).flushdb()
-    base = _free_port_block(6)
+    base = free_port_block(6, first=30000)
     cfg = UpSettings(
         host="127.0.0.1", port=base, bus=bus, policy="aligned", prefetch="on", prefill=1, decode=1,
         model="smollm2", device="cpu", dtype="float32", metrics_base_port=base + 1,

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import pytest_asyncio
+import redis_databases
 from service_procs import (
     Inbox,
     ServiceProcess,
@@ -46,7 +47,7 @@ from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.engine import LLMEngine
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-DB = 9
+DB = redis_databases.BATCHER_RESTART
 BLOCK = 4
 POOL_BYTES = 1 << 20
 MAX_TOKENS = 6

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 import numpy as np
 import pytest
 import pytest_asyncio
+import redis_databases
 from service_procs import ServiceProcess, bus_at, db_url, eventually, fast_reads, flush_db, free_port
 
 from alignedserve.bus import topics
@@ -17,7 +18,7 @@ from alignedserve.bus.messages import Cancel
 from alignedserve.transfer import KeyNotFound, PeerAddress, PushRejected, TransferEndpoint
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # one UCX context for the module: resets cost seconds
-DB = 4
+DB = redis_databases.KVPOOL_SERVICE
 BUDGET = 64 << 10
 USED = "alignedserve:kv_pool_used_bytes"
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import pytest_asyncio
+import redis_databases
 import torch
 from service_procs import (
     Inbox,
@@ -61,7 +62,7 @@ from alignedserve.engine.kv_envelope import KvEnvelope
 from alignedserve.transfer import PeerAddress, PulledKV, TransferEndpoint
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # one UCX context for the module: resets cost seconds
-DB = 5
+DB = redis_databases.PREFILL_SERVICE
 BLOCK = 4
 CONTEXT = 256
 POOL_BYTES = 64 << 10  # a 20-token prompt's KV is 20 x 512 bytes on the tiny model

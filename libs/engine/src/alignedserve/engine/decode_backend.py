@@ -112,9 +112,9 @@ class SdpaDecode:
 class _ReferenceStep:
     strategy = "reference"
 
-    def __init__(self, context_lens: list[int], block_tables: list[list[int]]) -> None:
+    def __init__(self, context_lens: list[int], block_tables: list[torch.Tensor]) -> None:
         self.context_lens = context_lens
-        self.block_tables = block_tables
+        self.block_tables = block_tables  # one [blocks] int64 per row, built once for every layer
 
     def __call__(
         self,
@@ -124,9 +124,8 @@ class _ReferenceStep:
         scale: float,
         new_kv: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        tables = [torch.tensor(t, dtype=torch.int64, device=query.device) for t in self.block_tables]
         return paged_decode_reference(
-            query, cache.keys[layer], cache.values[layer], tables, self.context_lens, scale
+            query, cache.keys[layer], cache.values[layer], self.block_tables, self.context_lens, scale
         )
 
 
@@ -135,8 +134,12 @@ class ReferenceDecode:
 
     name = "reference"
 
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
     def begin(self, seq_ids: list[int], context_lens: list[int], block_tables: list[list[int]]) -> DecodeStep:
-        return _ReferenceStep(context_lens, block_tables)
+        tables = [torch.tensor(t, dtype=torch.int64, device=self.device) for t in block_tables]
+        return _ReferenceStep(context_lens, tables)
 
     def reset(self) -> None:
         pass

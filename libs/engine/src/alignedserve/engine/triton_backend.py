@@ -9,6 +9,7 @@ of Triton), which is how it is tested without a GPU.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 
 import torch
 
@@ -22,11 +23,19 @@ from alignedserve.engine.decode_backend import (
 from alignedserve.engine.decode_kv import DecodeKv
 from alignedserve.engine.kv_cache import PagedKvCache
 
+# triton_decode.paged_decode: (query, keys, values, block_tables, context_lens, scale, max_context) -> out
+PagedDecode = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, int], torch.Tensor
+]
+
 
 class _TritonStep:
     strategy = "triton"
 
-    def __init__(self, block_tables: torch.Tensor, context_lens: torch.Tensor, max_context: int) -> None:
+    def __init__(
+        self, kernel: PagedDecode, block_tables: torch.Tensor, context_lens: torch.Tensor, max_context: int
+    ) -> None:
+        self.kernel = kernel
         self.block_tables = block_tables  # [B, max_blocks] int32
         self.context_lens = context_lens  # [B] int32
         self.max_context = max_context
@@ -39,9 +48,7 @@ class _TritonStep:
         scale: float,
         new_kv: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        from alignedserve.engine.triton_decode import paged_decode
-
-        return paged_decode(
+        return self.kernel(
             query,
             cache.keys[layer],
             cache.values[layer],
@@ -60,6 +67,10 @@ class TritonDecode:
 
     def __init__(self, block_size: int, device: torch.device) -> None:
         check_triton(device)
+        # imported here, not at the top: importing Triton fixes whether it interprets (check_triton)
+        from alignedserve.engine.triton_decode import paged_decode
+
+        self.kernel: PagedDecode = paged_decode
         self.block_size = block_size
         self.device = device
 
@@ -67,6 +78,7 @@ class TritonDecode:
         width = max(-(-n // self.block_size) for n in context_lens)
         tables = [table[:width] + [0] * (width - len(table[:width])) for table in block_tables]
         return _TritonStep(
+            self.kernel,
             torch.tensor(tables, dtype=torch.int32, device=self.device),
             torch.tensor(context_lens, dtype=torch.int32, device=self.device),
             max(context_lens),
@@ -108,5 +120,5 @@ def select_backend(
     if name == "triton":
         return TritonDecode(block_size, device)
     if name == "reference":
-        return ReferenceDecode()
+        return ReferenceDecode(device)
     return SdpaDecode(selector, block_size, device, kv)

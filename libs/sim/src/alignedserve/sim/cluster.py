@@ -21,8 +21,6 @@ whenever one completes.
 
 from __future__ import annotations
 
-import gc
-import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -40,6 +38,7 @@ from alignedserve.core.workloads.spec import RequestSpec
 from alignedserve.sim.compute import COMPUTE, Ends
 from alignedserve.sim.cost import CostModel, Link
 from alignedserve.sim.decode import DecodeWorker, Span
+from alignedserve.sim.events import EventQueue
 from alignedserve.sim.iterstats import arrival_mark
 from alignedserve.sim.metrics import Metrics
 from alignedserve.sim.records import FifoLink, SimRequest, SimulationError
@@ -121,43 +120,19 @@ class Cluster:
         self.prefill_version = [0] * config.prefill_workers  # a re-timed pass leaves stale done events
         self.prefill_queue: deque[SimRequest] = deque()
         self.waiting: dict[str, SimRequest] = {}  # in the policy's pool
-        self.events: list[tuple[float, int, int, int, int]] = []  # (time, kind, seq, a, b)
-        self.seq = 0
+        self.queue = EventQueue()
+        self._push = self.queue.push
         self.tick_at: float | None = None
         self.next_batch_id = 0
         self.arrived = 0
         self.metrics = Metrics(len(self.by_index), cost.block_size * cost.kv_bytes_per_token)
 
-    # --- event queue --------------------------------------------------------------------------------
-
-    def _push(self, when: float, kind: int, a: int = 0, b: int = 0) -> None:
-        self.seq += 1
-        heapq.heappush(self.events, (when, kind, self.seq, a, b))
+    # --- the run ------------------------------------------------------------------------------------
 
     def run(self) -> Metrics:
-        # the run allocates millions of short-lived objects and creates no cycles: without the cyclic
-        # collector it is faster, and scheduler timings are not polluted by collection pauses
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            return self._run()
-        finally:
-            if collecting:
-                gc.enable()
-
-    def _run(self) -> Metrics:
         wall = time.perf_counter()
-        arrivals = self.arrivals
         handlers = (self._prefill_done, self._kv_ready, self._batch_tick, self._decode_boundary)
-        while True:
-            due = arrivals.next_at()
-            if due is not None and (not self.events or due <= self.events[0][0]):
-                self._arrive(arrivals.pop())
-                continue
-            if not self.events:
-                break
-            when, kind, _, a, b = heapq.heappop(self.events)
-            handlers[kind](when, a, b)
+        self.queue.drain(self.arrivals, self._arrive, handlers)
         self._check_drained()
         self.metrics.finish([d.stats for d in self.decoders], time.perf_counter() - wall)
         return self.metrics

@@ -12,8 +12,6 @@ next boundary when a request arrives; `exact_iterations` plans every pass (the t
 
 from __future__ import annotations
 
-import gc
-import heapq
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -28,6 +26,7 @@ from alignedserve.sim.baselines.replica import Replica
 from alignedserve.sim.baselines.steps import StepPlan, StepScheduler
 from alignedserve.sim.cost import CostModel, Link
 from alignedserve.sim.decode import Span
+from alignedserve.sim.events import EventQueue
 from alignedserve.sim.iterstats import arrival_mark
 from alignedserve.sim.metrics import Metrics
 from alignedserve.sim.records import SimRequest, SimulationError
@@ -77,38 +76,15 @@ class BaselineCluster:
         self.home: dict[str, PrefillInstance] = {}  # prefilled, not yet accepted: where its KV is
         self.kicks: set[int] = set()  # replicas with a start-of-pass event pending
         self.arrivals = config.arrivals.start(self.by_index)
-        self.events: list[tuple[float, int, int, int, int]] = []
-        self.seq = 0
+        self.queue = EventQueue()
+        self._push = self.queue.push
         self.next_target = 0  # round-robin
         self.arrived = 0
         self.metrics = Metrics(len(self.by_index), bs * cost.kv_bytes_per_token)
 
-    def _push(self, when: float, kind: int, a: int = 0, b: int = 0) -> None:
-        self.seq += 1
-        heapq.heappush(self.events, (when, kind, self.seq, a, b))
-
     def run(self) -> Metrics:
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            return self._run()
-        finally:
-            if collecting:
-                gc.enable()
-
-    def _run(self) -> Metrics:
         wall = time.perf_counter()
-        arrivals = self.arrivals
-        handlers = (self._prefill_done, self._step)
-        while True:
-            due = arrivals.next_at()
-            if due is not None and (not self.events or due <= self.events[0][0]):
-                self._arrive(arrivals.pop())
-                continue
-            if not self.events:
-                break
-            when, kind, _, a, b = heapq.heappop(self.events)
-            handlers[kind](when, a, b)
+        self.queue.drain(self.arrivals, self._arrive, (self._prefill_done, self._step))
         if self.metrics.completed != len(self.by_index):
             stuck = len(self.by_index) - self.metrics.completed
             raise SimulationError(f"{stuck} requests never completed")
