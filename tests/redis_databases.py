@@ -9,10 +9,11 @@ from __future__ import annotations
 
 OVERLOAD = 1  # integration/gateway/test_gateway_overload.py
 POOL_USAGE = 2  # integration/gateway/test_gateway_pool_usage.py
+CHAOS_SHARED_REDIS = 3  # chaos/test_chaos_hostile.py (two deployments on one database)
 KVPOOL_SERVICE = 4  # integration/services/test_kvpool_service.py
 PREFILL_SERVICE = 5  # integration/services/test_prefill_service.py
 SUPERVISION = 6  # e2e/test_e2e_supervision.py
-CHAOS = 7  # chaos/
+CHAOS = 7  # chaos/ (test_chaos_data_plane.py: its stacks under deployments of their own on it)
 WITHOUT_TORCH = 8  # integration/gateway/test_gateway_without_torch.py
 BATCHER_RESTART = 9  # integration/services/test_batcher_restart.py
 MIGRATION = 10  # e2e/test_e2e_migration.py

@@ -11,12 +11,13 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from alignedserve.core.stats import percentile
 from alignedserve.loadgen.client import ClientSettings
 from alignedserve.loadgen.sse import DONE, event_data
 
@@ -34,6 +35,10 @@ ERROR = "error"  # a well-formed error: an OpenAI error body (4xx/5xx) or an `er
 HUNG = "hung"  # nothing ended it within the client's deadline
 MALFORMED = "malformed"  # cut off or not the wire format: neither an answer nor a proper error
 LEFT = "left"  # the client itself went away mid-stream
+# The gateway's process died under the stream (or was not there to connect to): the connection closed
+# without an answer, as with any HTTP server that dies. No server can answer then, so a case that kills
+# the gateway counts these on their own; in every other case one fails the case like a malformed end.
+CLOSED = "closed"
 
 
 @dataclass
@@ -44,6 +49,13 @@ class Outcome:
     text: str = ""
     completion_tokens: int | None = None
     detail: str = ""
+    token_times: list[float] = field(default_factory=list)  # monotonic arrival of each chunk with text
+
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first (the stream's inter-token latency); None below 2."""
+        if len(self.token_times) < 2 or not self.completion_tokens or self.completion_tokens < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (self.completion_tokens - 1)
 
 
 def settings(url: str) -> ClientSettings:
@@ -61,6 +73,8 @@ async def stream_one(
             return await _stream(client, cfg, prompt, max_tokens, leave_after)
     except TimeoutError:
         return Outcome(prompt, HUNG, detail=f"no end within {CLIENT_DEADLINE_S:.0f} s")
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError) as exc:
+        return Outcome(prompt, CLOSED, detail=f"{type(exc).__name__}: {exc}")
     except httpx.HTTPError as exc:
         return Outcome(prompt, MALFORMED, detail=f"{type(exc).__name__}: {exc}")
 
@@ -101,7 +115,10 @@ def _take(outcome: Outcome, event: dict[str, Any]) -> bool:
         outcome.completion_tokens = usage["completion_tokens"]
     finished = False
     for choice in event.get("choices") or []:
-        outcome.text += str(choice.get("text") or "")
+        text = str(choice.get("text") or "")
+        if text:
+            outcome.token_times.append(time.monotonic())
+        outcome.text += text
         finished |= bool(choice.get("finish_reason"))
     return finished
 
@@ -155,9 +172,9 @@ def wrong_streams(outcomes: list[Outcome], reference: dict[str, str], max_tokens
 
 TABLE_START, TABLE_END = "<!-- chaos-table -->", "<!-- /chaos-table -->"
 HEADER = (
-    "| fault | requests sent | completed | ended with an error | hung | malformed | "
-    "duplicated or missing tokens | leaked KV blocks | recovery s |\n"
-    "|---|---|---|---|---|---|---|---|---|"
+    "| fault | requests sent | completed | ended with an error | hung | malformed | connection closed | "
+    "duplicated or missing tokens | leaked KV blocks | recovery s | note |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -171,15 +188,18 @@ class Row:
     errors: int  # ended with a well-formed error (a 429 counts here)
     hung: int
     malformed: int
+    closed: int  # the connection closed under the stream: the gateway died (see CLOSED)
     wrong_tokens: int  # completed streams with a duplicated, missing or changed token
     leaked_blocks: int
     recovery_s: float | None
+    note: str = ""  # figures of this case only (e.g. the burst's P99 TPOT next to the unloaded one)
 
     def markdown(self) -> str:
         recovery = "–" if self.recovery_s is None else f"{self.recovery_s:.1f}"
         return (
             f"| {self.fault} | {self.sent} | {self.completed} | {self.errors} | {self.hung} | "
-            f"{self.malformed} | {self.wrong_tokens} | {self.leaked_blocks} | {recovery} |"
+            f"{self.malformed} | {self.closed} | {self.wrong_tokens} | {self.leaked_blocks} | {recovery} | "
+            f"{self.note or '–'} |"
         )
 
 
@@ -189,12 +209,19 @@ def row(
     wrong: int,
     leaked: int,
     recovery_s: float | None,
+    note: str = "",
 ) -> Row:
     def count(end: str) -> int:
         return sum(o.end == end for o in outcomes)
 
-    return Row(fault, len(outcomes), count(COMPLETED), count(ERROR), count(HUNG), count(MALFORMED), wrong,
-               leaked, recovery_s)  # fmt: skip
+    return Row(fault, len(outcomes), count(COMPLETED), count(ERROR), count(HUNG), count(MALFORMED),
+               count(CLOSED), wrong, leaked, recovery_s, note)  # fmt: skip
+
+
+def p99_tpot_ms(outcomes: list[Outcome]) -> float | None:
+    """P99 of the completed streams' time per output token, in ms; None when none has two tokens."""
+    samples = [t for o in outcomes if o.end == COMPLETED and (t := o.tpot_s()) is not None]
+    return percentile(samples, 99) * 1000 if samples else None
 
 
 def write_table(path: Path, rows: list[Row]) -> None:

@@ -14,10 +14,14 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import redis
+import redis_databases
 from free_ports import free_port_block
 
+from alignedserve.bus.namespace import DEFAULT_DEPLOYMENT
 from alignedserve.up import main as up
 from alignedserve.up.config import UpSettings
 
@@ -118,12 +122,16 @@ def _child(service: Service) -> up.Child:
     return up.Child(service.name, service.ready_url, service.process, service.log_path)
 
 
-def start_stack(bus_url: str, log_dir: Path, *, decode: int, env: dict[str, str]) -> ChaosStack:
-    """What `alignedserve up --bus BUS_URL --decode N` starts, each service with `env` added."""
+def start_stack(
+    bus_url: str, log_dir: Path, *, decode: int, env: dict[str, str], deployment: str = DEFAULT_DEPLOYMENT
+) -> ChaosStack:
+    """What `alignedserve up --bus BUS_URL --decode N --deployment D` starts, each service with `env`
+    added."""
     base = free_port_block(8, first=41000)  # away from the e2e tests' range
     cfg = UpSettings(
         host="127.0.0.1", port=base, bus=bus_url, policy="aligned", prefetch="on", prefill=1, decode=decode,
         model="smollm2", device="cpu", dtype="float32", metrics_base_port=base + 1, log_dir=log_dir,
+        deployment=deployment,
     )  # fmt: skip
     services: dict[str, Service] = {}
     try:
@@ -136,3 +144,14 @@ def start_stack(bus_url: str, log_dir: Path, *, decode: int, env: dict[str, str]
         up.stop_all([_child(s) for s in services.values()])
         raise
     return ChaosStack(f"http://127.0.0.1:{cfg.port}", services, log_dir)
+
+
+def start_deployment_stack(redis_url: str, log_dir: Path, deployment: str, *, decode: int) -> ChaosStack:
+    """A stack on the chaos database under a deployment of its own (its streams and groups are named
+    after it: no other stack's are touched), its leftovers of an earlier run deleted first."""
+    parts = urlsplit(redis_url)
+    url = urlunsplit((parts.scheme, parts.netloc, f"/{redis_databases.CHAOS}", parts.query, ""))
+    client = redis.Redis.from_url(url)
+    for key in client.scan_iter(match=f"{deployment}.*"):
+        client.delete(key)
+    return start_stack(url, log_dir, decode=decode, env=STACK_ENV, deployment=deployment)

@@ -210,33 +210,33 @@ def test_echo_scoring_penalties_and_n_choices_through_the_stack(stack: Stack) ->
 
 
 def test_one_grep_follows_a_request_through_every_service(redis_stack: Stack) -> None:
-    """The gateway logs the client's X-Request-Id with the internal id the request has on the bus; every
-    service the request went through logs that internal id (bound from the bus messages each worker
-    handles), so a grep for it finds the request in every service's log."""
+    """The client's X-Request-Id travels with the request on the bus (PrefillRequest, RequestState), and
+    every service logs it as `client_request_id` next to the id it knows the request by: one grep for
+    the client's label finds the request in every service's log."""
     label = f"trace-{os.urandom(4).hex()}"
     body = chat_body(max_tokens=8, ignore_eos=True)
     reply = httpx.post(f"{redis_stack.url}/v1/chat/completions", json=body, timeout=300,
                        headers={"X-Request-Id": label})  # fmt: skip
     assert reply.status_code == 200, reply.text
+    assert reply.headers["x-request-id"] == label
 
-    def records(*services: str) -> list[dict[str, object]]:
-        lines = [
-            line
+    def grep(*services: str) -> list[dict[str, object]]:  # grep LABEL var/log/SERVICE.log
+        return [
+            json.loads(line)
             for service in services
             for line in (redis_stack.log_dir / f"{service}.log").read_text(errors="replace").splitlines()
+            if label in line and line.startswith("{")
         ]
-        return [json.loads(line) for line in lines if line.startswith("{")]
 
-    labelled = [r for r in records("gateway") if label in (r.get("client_request_id"), r.get("request_id"))]
-    internal = {str(r["internal_id"]) for r in labelled if "internal_id" in r}
-    assert len(internal) == 1, labelled
+    internal = {str(r["internal_id"]) for r in grep("gateway") if "internal_id" in r}
+    assert len(internal) == 1, grep("gateway")
     [key] = internal
-    workers = (("prefill-0",), ("kvpool-0",), ("batcher-0",), ("decode-0", "decode-1"))
-
-    def traced(services: tuple[str, ...]) -> bool:  # a migrated incarnation's id is the key + "-m<n>"
-        return any(str(r.get("request_id", "")).startswith(key) for r in records(*services))
-
+    services = (("gateway",), ("prefill-0",), ("kvpool-0",), ("batcher-0",), ("decode-0", "decode-1"))
     # the kvpool's release and the decode worker's finish may be logged just after the reply
-    assert wait_until(lambda: all(traced(w) for w in workers), timeout=10), [
-        w for w in workers if not traced(w)
+    assert wait_until(lambda: all(grep(*s) for s in services), timeout=10), [
+        s for s in services if not grep(*s)
     ]
+    for workers in services[1:]:  # a migrated incarnation's id is the key + "-m<n>"
+        for record in grep(*workers):
+            assert record["client_request_id"] == label, record
+            assert str(record["request_id"]).startswith(key), record

@@ -1,19 +1,24 @@
 """A broker that loses its data (Redis FLUSHALL, a restart without persistence, a tansu restart) is used
-again within 10 s: the bus re-creates its streams, topics and groups and says in its log what was lost."""
+again within 10 s: the bus re-creates its streams, topics (with their configured partitions) and groups and
+says in its log what was lost. A publish rides out a short outage and fails after a long one."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 import redis
+from aiokafka.admin import AIOKafkaAdminClient
 from bus_helpers import eventually
 from own_brokers import own_redis, own_tansu
 
-from alignedserve.bus import Bus, Delivery, connect_bus
+from alignedserve.bus import Bus, BusUnavailable, Delivery, connect_bus
+from alignedserve.bus.base import PUBLISH_OUTAGE_S
 from alignedserve.bus.messages import Cancel, Message
 
 RECOVERY_S = 10.0
@@ -88,9 +93,43 @@ async def test_kafka_broker_restart_recreates_topics_and_groups(
             await _publish_until_handled(bus, topic, got, "before")
             broker.restart()
             restarted_s = await _publish_until_handled(bus, topic, got, "after-restart")
+            partitions = await _partition_count(broker.port, topic)
         finally:
             await bus.close()
     assert got[0] == "before" and "after-restart" in got
-    lost = [r.getMessage() for r in caplog.records if "the broker lost it" in r.getMessage()]
+    assert partitions == 8, "the topic came back without its configured partitions"
+    lost = [r.getMessage() for r in caplog.records if "gone from the broker" in r.getMessage()]
     assert lost and topic in lost[0], caplog.text
     print(f"recovered after a tansu restart in {restarted_s:.2f}s")
+
+
+async def _partition_count(port: int, topic: str) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}")
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+        return len(described["partitions"])
+    finally:
+        await admin.close()
+
+
+async def test_a_publish_rides_out_a_redis_restart_and_fails_after_a_long_outage(tmp_path: Path) -> None:
+    topic = f"test.loss.{uuid.uuid4().hex}"
+    got: list[str] = []
+    with own_redis(tmp_path) as broker:
+        bus = await connect_bus(f"redis://127.0.0.1:{broker.port}/0?{REDIS_OPTIONS}")
+        try:
+            await _subscribed(bus, topic, got)
+            broker.kill()
+            back = threading.Timer(1.0, broker.start)  # a supervisor brings it back 1 s later
+            back.start()
+            await bus.publish(topic, Cancel(request_id="during-outage"))  # no error: sent once it is back
+            back.join()
+            await eventually(lambda: "during-outage" in got, timeout=RECOVERY_S, what="the message")
+            broker.kill()
+            started = time.monotonic()
+            with pytest.raises(BusUnavailable, match="failed for"):
+                await bus.publish(topic, Cancel(request_id="never"))
+            assert PUBLISH_OUTAGE_S <= time.monotonic() - started < PUBLISH_OUTAGE_S + 5
+        finally:
+            await asyncio.wait_for(bus.close(), 30)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from redis.asyncio import BlockingConnectionPool
 
 from alignedserve.bus import BusUnavailable, connect_bus, make_bus
 from alignedserve.bus.embedded import free_port
@@ -32,6 +33,14 @@ def test_bus_options_ride_on_the_url() -> None:
         KafkaBus("kafka://a:1?linger=5")
     with pytest.raises(ValueError, match="non-negative integers"):
         split_url("redis://h:1/0?maxlen=lots")
+
+
+def test_the_redis_connection_pool_is_bounded_by_url_options() -> None:
+    pool = RedisStreamsBus("redis://h:1/2?max_connections=5&pool_timeout_ms=250")._redis.connection_pool
+    assert isinstance(pool, BlockingConnectionPool)
+    assert (pool.max_connections, pool.timeout) == (5, 0.25)
+    default = RedisStreamsBus("redis://h:1/2")._redis.connection_pool
+    assert (default.max_connections, default.timeout) == (64, 2.0)
 
 
 @pytest.mark.parametrize("scheme", ["redis", "kafka"])

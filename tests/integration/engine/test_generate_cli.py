@@ -31,7 +31,7 @@ def _command() -> list[str]:
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
-        [*_command(), "generate", "--threads", "1", *args],
+        [*_command(), "generate", "--threads", "1", "--dtype", "float32", *args],  # float32: exact parity
         capture_output=True,
         text=True,
         timeout=300,

@@ -353,6 +353,36 @@ async def test_a_request_whose_kv_is_lost_is_re_prefilled_and_the_client_sees_on
     assert workers.prefill_requests.empty()
 
 
+async def test_a_live_request_a_decode_worker_cancelled_for_a_gone_gateway_moves(
+    stack: tuple[httpx.AsyncClient, FakeWorkers, BusBackend], smollm2_tokenizer: PromptTokenizer
+) -> None:
+    """A decode worker that took this gateway for gone (its beats held up) cancels its requests; the
+    gateway is alive after all, so each continues under a new incarnation instead of hanging."""
+    client, workers, _ = stack
+    await _make_ready(client, workers)
+    ids = smollm2_tokenizer.encode_text(ANSWER)
+    body = {"model": "smollm2", "prompt": "The capital of France", "max_tokens": len(ids), "temperature": 0,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    reader = Reader(client, body)
+    first = await _next_for(workers, "cmpl-")
+    rid = first.request_id
+    await workers.tokens("prefill-0", 0, _entry(rid, ids, 0, 1))
+    await reader.until_text(smollm2_tokenizer.tokenizer.decode(ids[:1]))
+    await workers.bus.publish(topics.EVENTS, Cancel(request_id=rid, reason="gateway gateway-t silent"))
+    again = await _next_for(workers, rid)
+    assert again.request_id == f"{rid}-m1" and again.prompt_token_ids == (*first.prompt_token_ids, ids[0])
+    new = again.request_id
+    await workers.tokens("decode-0", 1, TokenEntry(request_id=new, first_index=0, token_ids=tuple(ids[1:]),
+                                                   finish_reason=FinishReason.LENGTH))  # fmt: skip
+    await asyncio.wait_for(reader.task, 30)
+    assert reader.text == smollm2_tokenizer.tokenizer.decode(ids)
+    metrics = (await client.get("/metrics")).text
+    assert (
+        'alignedserve:request_migrations_total{model_name="smollm2",reason="cancelled_elsewhere"} 1.0'
+        in metrics
+    )
+
+
 async def _beat_forever(workers: FakeWorkers, *who: tuple[ServiceKind, str]) -> None:
     while True:
         for kind, worker_id in who:

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -40,6 +41,7 @@ from alignedserve.gateway.tokenizer import PromptTokenizer
 from alignedserve.service.http import HttpServer
 
 CONCURRENT = 300
+TINY_POOL = "max_connections=4&pool_timeout_ms=1"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -79,6 +81,15 @@ async def gateway(
     redis_url: str, smollm2_tokenizer: PromptTokenizer
 ) -> AsyncIterator[tuple[httpx.AsyncClient, BusBackend]]:
     url = _private_db(redis_url)
+    async with serving_gateway(url, url, smollm2_tokenizer) as served:
+        yield served
+
+
+@asynccontextmanager
+async def serving_gateway(
+    url: str, gateway_url: str, smollm2_tokenizer: PromptTokenizer
+) -> AsyncIterator[tuple[httpx.AsyncClient, BusBackend]]:
+    """The gateway on `gateway_url` (its bus options), answered by workers played on `url`."""
     gateway_id = f"gw-{uuid.uuid4().hex[:8]}"
     workers_bus = await connect_bus(url)
     answer = tuple(smollm2_tokenizer.encode_text(" Paris.")[:3])
@@ -92,9 +103,9 @@ async def gateway(
     )
     await prefill.ready()
     beats = asyncio.create_task(workers.beat_forever())
-    backend = BusBackend.from_url(url, BusBackendOptions(gateway_id=gateway_id))
+    backend = BusBackend.from_url(gateway_url, BusBackendOptions(gateway_id=gateway_id))
     await backend.start()
-    settings = GatewaySettings(model="smollm2", backend="bus", bus=url, gateway_id=gateway_id)
+    settings = GatewaySettings(model="smollm2", backend="bus", bus=gateway_url, gateway_id=gateway_id)
     server = HttpServer(create_app(settings, backend, smollm2_tokenizer), "127.0.0.1", 0)
     await server.start()
     limits = httpx.Limits(max_connections=CONCURRENT + 10)
@@ -137,6 +148,29 @@ async def test_300_concurrent_chat_requests_get_200_or_429_never_5xx(
     assert (await client.get("/ready")).status_code == 200
     after = await client.post("/v1/chat/completions", json=body)
     assert after.status_code == 200, after.text
+
+
+async def test_a_tiny_bus_connection_pool_answers_429_never_5xx(
+    redis_url: str, smollm2_tokenizer: PromptTokenizer
+) -> None:
+    """The gateway's Redis pool has a connection for each of its three readers and one to share
+    (`max_connections=4`), and a call waits 1 ms for one: 300 concurrent requests contend for it, those
+    that find it taken are refused with 429 (BusPoolTimeout), the rest are answered."""
+    url = _private_db(redis_url)
+    async with serving_gateway(url, f"{url}?{TINY_POOL}", smollm2_tokenizer) as (client, _backend):
+        await _until_ready(client)
+        body = {"model": "smollm2", "messages": MESSAGES, "max_tokens": 3, "temperature": 0}
+        responses = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=body) for _ in range(CONCURRENT))
+        )
+        statuses = Counter(r.status_code for r in responses)
+        assert set(statuses) == {200, 429}, statuses
+        refused = [r for r in responses if r.status_code == 429]
+        assert all(r.headers["retry-after"] == "1" for r in refused)
+        assert all(r.json()["error"]["type"] == "rate_limit_error" for r in refused)
+        pool = [r for r in refused if "Redis connections stayed busy" in r.json()["error"]["message"]]
+        assert pool, [r.json()["error"]["message"] for r in refused[:3]]
+        await _until_ready(client)  # the readers that lost their connection for a moment are back
 
 
 def _burst(count: int) -> list[GenerationRequest]:

@@ -54,7 +54,7 @@ MAX_TOKENS = 6
 GATEWAY = "gw-restart"
 POOL_ID = "kvpool-r"
 BATCHER_ID = "batcher-r"
-ENGINE = ["--block-size", str(BLOCK), "--num-kv-blocks", "256", "--num-threads", "1"]
+ENGINE = ["--block-size", str(BLOCK), "--num-kv-blocks", "256", "--num-threads", "1", "--dtype", "float32"]
 
 
 @dataclass

@@ -40,6 +40,7 @@ from alignedserve.bus.messages import (
     ServiceKind,
     TokenBatch,
     WorkerHeartbeat,
+    WorkerState,
 )
 from alignedserve.core.sampling import SamplingParams
 from alignedserve.decode.config import DecodeSettings
@@ -228,9 +229,10 @@ async def peers(prefix: str, bus_url: str, tiny: LoadedModel) -> AsyncIterator[P
 
 
 async def start_worker(peers: Peers, bus_url: str, tiny: LoadedModel, **knobs: object) -> Worker:
-    options: dict[str, object] = dict(worker_id="decode-t", bus=bus_url, model="tiny", block_size=BLOCK,
-                                      num_kv_blocks=256, max_num_seqs=8, metrics_port=0, status_interval_s=0.1,
-                                      log_level="warning")  # fmt: skip
+    # float32: `tiny` is loaded in float32 and the tests compare tokens exactly
+    options: dict[str, object] = dict(worker_id="decode-t", bus=bus_url, model="tiny", dtype="float32",
+                                      block_size=BLOCK, num_kv_blocks=256, max_num_seqs=8, metrics_port=0,
+                                      status_interval_s=0.1, log_level="warning")  # fmt: skip
     options.update(knobs)
     settings = DecodeSettings(**options)  # type: ignore[arg-type]
     task = asyncio.create_task(serve(settings, loaded=tiny))
@@ -340,6 +342,33 @@ async def test_a_failed_prefetch_loses_the_request_and_a_cancel_frees_the_blocks
         lambda: (s := peers.statuses("decode-t")[-1]).idle and s.free_blocks == s.total_blocks, "blocks freed"
     )
     assert "ok" not in peers.finished("decode-t")  # cancelled, not finished
+    await stop_worker(worker)
+
+
+async def test_the_requests_of_a_restarted_gateway_are_cancelled_everywhere(peers: Peers, bus_url: str, tiny: LoadedModel) -> None:  # fmt: skip
+    worker = await start_worker(peers, bus_url, tiny)
+    spec = SamplingSpec(max_tokens=1000, temperature=0.0, ignore_eos=True)
+    planned = await peers.prefill("orphan", prompts([8], 4)[0], spec, staged=False)
+
+    def gateway_beat(state: WorkerState, started_at: float) -> WorkerHeartbeat:
+        return WorkerHeartbeat(kind=ServiceKind.GATEWAY, worker_id=peers.gateway, state=state, seq=1,
+                               started_at=started_at)  # fmt: skip
+
+    await peers.bus.publish(topics.EVENTS, gateway_beat(WorkerState.READY, started_at=1.0))
+    await publish_plan(peers, 31, [planned])
+    await peers.inbox.until(lambda: len(peers.outputs()["orphan"]) > 3, "tokens of the running request")
+    # the gateway's process died; its successor under the same id beats: nobody reads the old tokens
+    await peers.bus.publish(topics.EVENTS, gateway_beat(WorkerState.STARTING, started_at=2.0))
+    await peers.inbox.until(
+        lambda: any(c.request_id == "orphan" for c in peers.inbox.of(Cancel)), "its Cancel"
+    )
+    [cancel] = [c for c in peers.inbox.of(Cancel) if c.request_id == "orphan"]
+    assert cancel.reason == f"gateway {peers.gateway} restarted"
+    await peers.inbox.until(
+        lambda: (s := peers.statuses("decode-t")[-1]).idle and s.free_blocks == s.total_blocks, "blocks freed"
+    )
+    assert "orphan" not in peers.finished("decode-t")
+    assert "alignedserve:decode_orphaned_requests_total 1.0" in await metrics_text(peers)
     await stop_worker(worker)
 
 

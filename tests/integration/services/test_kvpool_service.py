@@ -1,6 +1,6 @@
 """`alignedserve kvpool` as a real process: KV pushed over UCX from this test comes back bit-exactly and
 is released; a push beyond the byte budget is refused (backpressure) until room frees; a Cancel on the
-events topic releases an entry. Control bus: Redis database 12 (flushed first)."""
+events topic releases an entry, and so does its lease running out (nobody pulled it). Control bus: Redis database 12 (flushed first)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from alignedserve.transfer import KeyNotFound, PeerAddress, PushRejected, Transf
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # one UCX context for the module: resets cost seconds
 DB = redis_databases.KVPOOL_SERVICE
 BUDGET = 64 << 10
+LEASE_TTL_S = 5.0  # above any other test's wait between a push and its pull
 USED = "alignedserve:kv_pool_used_bytes"
 
 
@@ -39,7 +40,7 @@ def pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
     flush_db(url)
     transfer_port = free_port()
     args = ["--bus", fast_reads(url), "--pool-bytes", str(BUDGET), "--transfer-port", str(transfer_port),
-            "--worker-id", "kvpool-t", "--log-format", "json"]  # fmt: skip
+            "--worker-id", "kvpool-t", "--log-format", "json", "--lease-ttl-s", str(LEASE_TTL_S)]  # fmt: skip
     log_path = tmp_path_factory.mktemp("kvpool") / "kvpool.log"
     process = ServiceProcess("kvpool", args, log_path, free_port())
     try:
@@ -100,5 +101,21 @@ async def test_cancel_on_the_events_topic_releases_the_entry(pool: Pool, endpoin
     async with bus_at(pool.bus_url) as bus:
         await bus.publish(topics.EVENTS, Cancel(request_id=rid))
     await eventually(lambda: pool.used() == 0, "the cancelled entry to be released")
+    with pytest.raises(KeyNotFound):
+        await endpoint.pull(pool.address, rid, np.zeros(10_000, np.uint8))
+
+
+async def test_an_entry_nobody_pulls_within_its_lease_is_freed(
+    pool: Pool, endpoint: TransferEndpoint
+) -> None:
+    rid, expired = key(), "alignedserve:kv_pool_lease_expired_total"
+    before = pool.process.metric(expired)
+    await endpoint.push(pool.address, rid, b"", payload(10_000, seed=5))
+    await eventually(lambda: pool.used() == 10_000, "the entry")
+    await eventually(lambda: pool.used() == 0, "the lease to run out", timeout_s=3 * LEASE_TTL_S)
+    assert pool.process.metric(expired) == before + 1
+    assert any(
+        '"kv_lease_expired"' in line and rid in line for line in pool.process.logs(100_000).splitlines()
+    )
     with pytest.raises(KeyNotFound):
         await endpoint.pull(pool.address, rid, np.zeros(10_000, np.uint8))

@@ -111,7 +111,7 @@ def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                                      str(pool_port), "--worker-id", "kvpool-p"], root / "kvpool.log", free_port())  # fmt: skip
     prefill_args = [
         "--bus", fast_reads(url), "--model", str(model_dir), "--worker-id", PREFILL_ID, "--block-size", str(BLOCK),
-        "--num-kv-blocks", "256", "--max-prefill-tokens", "256", "--num-threads", "1",
+        "--num-kv-blocks", "256", "--max-prefill-tokens", "256", "--num-threads", "1", "--dtype", "float32",
         "--pool-retry-s", "0.05", "--staging-bytes", str(STAGING_BYTES),
     ]  # fmt: skip
     prefill = ServiceProcess("prefill", prefill_args, root / "prefill.log", free_port())

@@ -15,6 +15,7 @@ from transfer_procs import PeerProcess
 
 from alignedserve.transfer import (
     ChecksumMismatch,
+    KeyNotFound,
     PeerUnavailable,
     RetryPolicy,
     TransferClient,
@@ -116,5 +117,66 @@ async def test_peer_killed_mid_transfer_fails_typed_and_fast(start_peer: StartPe
         elapsed = time.monotonic() - started
         assert isinstance(failure.value.last_error, PeerUnavailable)
         assert elapsed < attempt_timeout_s  # the dead connection is noticed, not waited out
+    finally:
+        await client.close()
+
+
+# --- endpoints dropped mid-transfer (the fault ALIGNEDSERVE_TRANSFER_FAULTS switches on in a stack) ---
+
+DROP_AFTER = 64 << 10
+
+
+async def test_pull_dropped_mid_transfer_is_retried_on_a_new_connection(start_peer: StartPeer) -> None:
+    peer = start_peer(peer_spec(drop_after_bytes=DROP_AFTER, drop_every=2))  # the 2nd transfer is dropped
+    client = TransferClient(RetryPolicy(attempts=3, attempt_timeout_s=20.0, backoff_s=0.01))
+    try:
+        assert (await client.pull(peer.address, "kv", np.empty(NBYTES, np.uint8))).attempts == 1
+        destination = np.zeros(NBYTES, np.uint8)
+        pulled = await client.pull(peer.address, "kv", destination)
+        assert pulled.attempts == 2
+        assert client.stats.retried_errors == ["PeerUnavailable"]
+        assert destination.tobytes() == EXPECTED
+    finally:
+        await client.close()
+
+
+async def test_push_dropped_mid_transfer_is_retried_and_lands_whole(start_peer: StartPeer) -> None:
+    peer = start_peer(peer_spec(drop_after_bytes=DROP_AFTER, drop_every=2))  # every 2nd transfer
+    policy = RetryPolicy(attempts=3, attempt_timeout_s=20.0, backoff_s=0.01)
+    client = TransferClient(policy, chunk_bytes=1 << 20)
+    try:
+        payload = payload_bytes(NBYTES, 5)
+        assert await client.push(peer.address, "first", b"h", payload) == 1
+        assert await client.push(peer.address, "pushed", b"h", payload) == 2  # dropped once, then whole
+        echo = np.zeros(NBYTES, np.uint8)
+        await client.pull(peer.address, "echo/pushed", echo)  # dropped once as well (4th transfer)
+        assert echo.tobytes() == EXPECTED
+        assert client.stats.retried_errors == ["PeerUnavailable", "PeerUnavailable"]
+    finally:
+        await client.close()
+
+
+async def test_a_push_dropped_every_time_fails_typed_and_is_never_served(start_peer: StartPeer) -> None:
+    peer = start_peer(peer_spec(drop_after_bytes=DROP_AFTER, drop_every=1))
+    policy = RetryPolicy(attempts=2, attempt_timeout_s=20.0, backoff_s=0.01)
+    client = TransferClient(policy, chunk_bytes=1 << 20)
+    try:
+        with pytest.raises(TransferFailed) as failure:
+            await client.push(peer.address, "pushed", b"h", payload_bytes(NBYTES, 5))
+        assert isinstance(failure.value.last_error, PeerUnavailable)
+        with pytest.raises(KeyNotFound):  # the landed part was discarded, never committed
+            await client.pull(peer.address, "echo/pushed", np.empty(NBYTES, np.uint8))
+    finally:
+        await client.close()
+
+
+async def test_every_pull_dropped_fails_typed_and_never_returns_partial_kv(start_peer: StartPeer) -> None:
+    peer = start_peer(peer_spec(drop_after_bytes=DROP_AFTER, drop_every=1))
+    client = TransferClient(RetryPolicy(attempts=2, attempt_timeout_s=20.0, backoff_s=0.01))
+    try:
+        with pytest.raises(TransferFailed) as failure:
+            await client.pull(peer.address, "kv", np.empty(NBYTES, np.uint8))
+        assert isinstance(failure.value.last_error, PeerUnavailable)
+        assert failure.value.attempts == 2
     finally:
         await client.close()

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alignedserve.batching.policies import POLICY_NAMES, make_policy
+from alignedserve.batching.room import DecodeRoom, load_adapted
 from alignedserve.batching.scheduler import next_token_blocks, plan_iteration
 from alignedserve.batching.types import (
     BatchLimits,
@@ -44,7 +45,8 @@ class Harness:
     def step(self, now: float) -> None:
         if not self.cand_batch:
             limits = BatchLimits(max_blocks=CAPACITY - 2, min_requests=3, max_requests=6)
-            batch = self.policy.form_batch(limits, now, decode_unsaturated=not self.running)
+            room = DecodeRoom(len(self.running) + len(self.cand_requests), self.free, max_running=6)
+            batch = self.policy.form_batch(load_adapted(limits, room, len(self.policy)), now)
             self.next_batch += 1
             self.cand_batch = [
                 ScheduledRequest(r.request_id, r.prefix_len, r.blocks, self.next_batch) for r in batch

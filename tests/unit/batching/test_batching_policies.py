@@ -11,11 +11,20 @@ from alignedserve.batching.aligned import AlignedPolicy
 from alignedserve.batching.fcfs import FcfsPolicy
 from alignedserve.batching.policies import POLICY_NAMES, make_policy
 from alignedserve.batching.quadtree import QuadTree
+from alignedserve.batching.room import DecodeRoom, load_adapted
 from alignedserve.batching.search import density_first_search
 from alignedserve.batching.types import BatchLimits, BatchPolicy, WaitingRequest
 from alignedserve.batching.window import WindowPolicy
 
 FAST = settings(max_examples=100, deadline=None)
+
+
+# a decode worker with room for everything: K_min adapts to what waits (room.py)
+IDLE = DecodeRoom(occupied=0, free_blocks=1 << 30, max_running=None)
+
+
+def with_room(limits: BatchLimits, waiting: int) -> BatchLimits:
+    return load_adapted(limits, IDLE, waiting)
 
 
 def filled(name: str, pool: list[WaitingRequest], starvation_s: float | None = None) -> BatchPolicy:
@@ -31,7 +40,7 @@ def test_every_batch_fits_and_leaves_the_pool(
     pool: list[WaitingRequest], limits: BatchLimits, name: str
 ) -> None:
     policy = filled(name, pool)
-    batch = policy.form_batch(limits, now=0.0, decode_unsaturated=True)
+    batch = policy.form_batch(with_room(limits, len(pool)), now=0.0)
     assert sum(r.blocks for r in batch) <= limits.max_blocks
     assert limits.max_requests is None or len(batch) <= limits.max_requests
     assert len({r.request_id for r in batch}) == len(batch)
@@ -43,7 +52,7 @@ def test_every_batch_fits_and_leaves_the_pool(
 @given(pool=pools(), limits=limits_strategy)
 def test_window_is_exact_narrowest_feasible(pool: list[WaitingRequest], limits: BatchLimits) -> None:
     best_count, narrowest = oracle(pool, limits)
-    batch = filled("window", pool).form_batch(limits, now=0.0, decode_unsaturated=True)
+    batch = filled("window", pool).form_batch(with_room(limits, len(pool)), now=0.0)
     assert len(batch) >= best_count  # reaches K_min whenever the waiting set allows
     assert spread(batch) == narrowest
 
@@ -54,7 +63,7 @@ def test_reaches_kmin_whenever_allowed_for_same_size_requests(
     pool: list[WaitingRequest], limits: BatchLimits, name: str
 ) -> None:
     best_count, _ = oracle(pool, limits)
-    batch = filled(name, pool).form_batch(limits, now=0.0, decode_unsaturated=True)
+    batch = filled(name, pool).form_batch(with_room(limits, len(pool)), now=0.0)
     assert len(batch) >= best_count
 
 
@@ -65,7 +74,7 @@ def test_aligned_short_batch_is_memory_full_or_exhausts_the_pool(
 ) -> None:
     """A batch below min(K_min, cap) stopped at a request that no longer fits (or took everything)."""
     policy = filled("aligned", pool)
-    batch = policy.form_batch(limits, now=0.0, decode_unsaturated=True)
+    batch = policy.form_batch(with_room(limits, len(pool)), now=0.0)
     cap = limits.max_requests if limits.max_requests is not None else len(pool)
     if len(batch) < min(limits.min_requests, cap):
         used = sum(r.blocks for r in batch)
@@ -118,14 +127,14 @@ def test_density_first_cases_on_a_hand_built_pool() -> None:
     assert {r.request_id for r in result.requests} == {*(r.request_id for r in dense), "s3", "s2"}
 
 
-def test_low_load_waits_while_busy_and_dispatches_when_idle() -> None:
+def test_low_load_waits_while_saturated_and_dispatches_with_free_slots() -> None:
     for name in ("aligned", "window"):
         policy = filled(name, [WaitingRequest(f"r{i}", 20 * i, 3, float(i)) for i in range(3)])
         limits = BatchLimits(max_blocks=100, min_requests=8)
-        assert policy.form_batch(limits, now=0.0, decode_unsaturated=False) == []
+        assert policy.form_batch(limits, now=0.0) == []  # the configured K_min: a saturated worker
         assert len(policy) == 3
-        assert len(policy.form_batch(limits, now=0.0, decode_unsaturated=True)) == 3
-        assert policy.form_batch(limits, now=0.0, decode_unsaturated=True) == []
+        assert len(policy.form_batch(with_room(limits, len(policy)), now=0.0)) == 3
+        assert policy.form_batch(with_room(limits, len(policy)), now=0.0) == []
 
 
 @FAST
@@ -141,7 +150,7 @@ def test_starved_oldest_request_is_in_the_next_batch(
 ) -> None:
     """The starvation bound's step: once the oldest has waited >= T, the next batch contains it."""
     policy = filled(name, pool, starvation_s=5.0)
-    batch = policy.form_batch(limits, now=now, decode_unsaturated=not busy)
+    batch = policy.form_batch(limits if busy else with_room(limits, len(pool)), now=now)
     fitting = [r for r in pool if r.blocks <= limits.max_blocks]
     oldest = min(fitting, key=lambda r: r.arrival, default=None)
     if oldest is not None and oldest.arrival <= now - 5.0 and oldest == min(pool, key=lambda r: r.arrival):
@@ -159,7 +168,7 @@ def test_starvation_bound_in_a_steady_stream() -> None:
             policy.add(WaitingRequest(f"s{step}-{j}", 20 + j, 5, float(step)))
         if any(
             r.request_id == "lonely"
-            for r in policy.form_batch(limits, now=float(step), decode_unsaturated=True)
+            for r in policy.form_batch(with_room(limits, len(policy)), now=float(step))
         ):
             served_at = step
             break
@@ -168,13 +177,13 @@ def test_starvation_bound_in_a_steady_stream() -> None:
     for step in range(20):
         for j in range(8):
             no_aging.add(WaitingRequest(f"s{step}-{j}", 20 + j, 5, float(step)))
-        no_aging.form_batch(limits, now=float(step), decode_unsaturated=True)
+        no_aging.form_batch(with_room(limits, len(no_aging)), now=float(step))
     assert "lonely" in no_aging  # without aging it starves
 
 
 def test_fcfs_never_waits_for_kmin() -> None:
     policy = filled("fcfs", [WaitingRequest(f"r{i}", 20 * i, 3, float(i)) for i in range(3)])
-    batch = policy.form_batch(BatchLimits(max_blocks=100, min_requests=8), now=0.0, decode_unsaturated=False)
+    batch = policy.form_batch(BatchLimits(max_blocks=100, min_requests=8), now=0.0)
     assert [r.request_id for r in batch] == ["r0", "r1", "r2"]
 
 
@@ -184,9 +193,9 @@ def test_fcfs_takes_the_arrival_order_prefix_that_fits() -> None:
         policy.add(WaitingRequest(f"r{i}", prefix, blocks, float(i)))
     limits = BatchLimits(max_blocks=20, min_requests=1)
     # r2 does not fit after r0 and r1 and blocks the queue: no overtaking by the smaller r3
-    assert [r.request_id for r in policy.form_batch(limits, now=0.0, decode_unsaturated=True)] == ["r0", "r1"]
+    assert [r.request_id for r in policy.form_batch(limits, now=0.0)] == ["r0", "r1"]
     # r4 (50 blocks > B_max) can never go: passed over, and kept
-    assert [r.request_id for r in policy.form_batch(limits, now=0.0, decode_unsaturated=True)] == [
+    assert [r.request_id for r in policy.form_batch(limits, now=0.0)] == [
         "r2",
         "r3",
         "r5",
@@ -231,7 +240,7 @@ def test_move_and_remove_keep_the_pool_consistent(name: str) -> None:
         policy.add(WaitingRequest("c", 5, -2, 3.0))
     with pytest.raises(ValueError, match="negative"):
         policy.move("b", 5, -1)
-    batch = policy.form_batch(BatchLimits(max_blocks=30, min_requests=1), now=0.0, decode_unsaturated=True)
+    batch = policy.form_batch(BatchLimits(max_blocks=30, min_requests=1), now=0.0)
     assert [r.request_id for r in batch] == ["b"]
 
 
@@ -242,6 +251,6 @@ def test_factory_and_limits_validation() -> None:
     with pytest.raises(ValueError, match="unknown batch policy"):
         make_policy("random")
     with pytest.raises(ValueError, match="max_blocks"):
-        make_policy("aligned").form_batch(BatchLimits(0, 1), now=0.0, decode_unsaturated=True)
+        make_policy("aligned").form_batch(BatchLimits(0, 1), now=0.0)
     with pytest.raises(ValueError, match="starvation_s"):
         make_policy("window", starvation_s=-1.0)

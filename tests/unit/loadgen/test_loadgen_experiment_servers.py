@@ -122,3 +122,18 @@ def test_workloads_through_a_real_openai_wire_server(conformance_server: str) ->
         assert "requests" not in row.summary and (row.get("output_throughput") or 0) > 0
     records = runs.records[(ALIGNEDSERVE, "synthetic95")]
     assert all(r.output_len == r.expected_output_len for r in records)
+
+
+def test_an_earlier_runs_ready_line_in_the_same_log_does_not_count(tmp_path: Path) -> None:
+    """A restarted stack answers /v1/models before its backend is ready: only this run's line counts."""
+    script, child_pid_file = tmp_path / "toy.py", tmp_path / "child.pid"
+    script.write_text(TOY_SERVER.replace('print("TOY ready", flush=True)', "pass"))  # never says ready
+    log = tmp_path / "toy.log"
+    log.write_text("=== an earlier run\nTOY ready\n")
+    port = free_port()
+    argv = [sys.executable, str(script), str(port), str(child_pid_file)]
+    server = ServerProcess(
+        "toy", argv, f"http://127.0.0.1:{port}", log, ready_line="TOY ready", ready_timeout_s=2
+    )
+    with pytest.raises(ServerStartError, match="not ready after 2 s"), server:
+        pass

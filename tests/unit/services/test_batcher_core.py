@@ -73,25 +73,28 @@ def test_no_second_batch_while_one_is_in_flight_or_staged() -> None:
     assert second.request_ids == ("b",) and second.batch_id > first.batch_id
 
 
-def test_a_busy_worker_waits_for_a_full_batch_then_gets_the_aligned_pair() -> None:
+def test_a_saturated_worker_waits_for_a_full_batch_then_gets_the_aligned_pair() -> None:
     c = core(dynamic_prefetch=False)
-    c.on_status(status(1, idle=False, running=4, lo=50, hi=60, cand_batch=0), now=0.0)
-    assert c.on_kv_ready(ready("short", 40), now=0.0) == []  # 1 < K_min and the worker is busy
+    c.on_status(status(1, idle=False, running=8, lo=50, hi=60, cand_batch=0), now=0.0)
+    assert c.on_kv_ready(ready("short", 40), now=0.0) == []  # 1 < K_min and no free slot (8 of 8 run)
     [plan] = c.on_kv_ready(ready("short2", 48), now=0.0)
     assert set(plan.request_ids) == {"short", "short2"}
-    c.on_status(status(2, idle=False, running=4, lo=50, hi=60, cand_batch=2, latest=plan.batch_id), now=0.0)
+    c.on_status(status(2, idle=False, running=8, lo=50, hi=60, cand_batch=2, latest=plan.batch_id), now=0.0)
     assert c.on_kv_ready(ready("long", 3000), now=0.0) == []  # its batch is staged: the next waits
     assert c.waiting == 1
 
 
-def test_a_worker_running_fewer_than_k_min_gets_what_waits_at_once() -> None:
-    c = core(min_batch=8, dynamic_prefetch=False)
-    c.on_status(status(1, idle=False, running=5, lo=50, hi=60), now=0.0)
-    [plan] = c.on_kv_ready(ready("far", 1000), now=0.0)  # out of range, alone: 5 running < K_min
+def test_a_worker_with_free_slots_gets_what_waits_at_once() -> None:
+    c = core(min_batch=4, max_batch=16, dynamic_prefetch=False)
+    c.on_status(status(1, idle=False, running=10, lo=50, hi=60), now=0.0)
+    [plan] = c.on_kv_ready(ready("far", 1000), now=0.0)  # out of range, alone; 10 running >= K_min
     assert plan.buffer is CandidateBuffer.BATCH and plan.request_ids == ("far",)
-    saturated = core(min_batch=8, dynamic_prefetch=False)
-    saturated.on_status(status(1, idle=False, running=6, lo=50, hi=60, cand_requests=2), now=0.0)
-    assert saturated.on_kv_ready(ready("far", 1000), now=0.0) == []  # 6 + 2 joining = K_min: wait
+    full = core(min_batch=4, max_batch=16, dynamic_prefetch=False)
+    full.on_status(status(1, idle=False, running=14, lo=50, hi=60, cand_requests=2), now=0.0)
+    assert full.on_kv_ready(ready("far", 1000), now=0.0) == []  # 14 + 2 joining = max running: wait
+    no_memory = core(min_batch=4, max_batch=16, dynamic_prefetch=False)
+    no_memory.on_status(status(1, idle=False, running=10, free=10, lo=50, hi=60), now=0.0)
+    assert no_memory.on_kv_ready(ready("far", 1000), now=0.0) == []  # its free blocks are its growth
 
 
 def test_dynamic_prefetch_stages_requests_in_the_running_range() -> None:
@@ -99,6 +102,16 @@ def test_dynamic_prefetch_stages_requests_in_the_running_range() -> None:
     c.on_kv_ready(ready("in", 500), now=0.0)
     c.on_kv_ready(ready("out", 2000), now=0.0)
     [plan] = c.on_status(status(1, idle=False, running=4, lo=480, hi=520, cand_batch=3), now=0.0)
+    assert plan.buffer is CandidateBuffer.REQUESTS and plan.request_ids == ("in",)
+
+
+def test_with_no_live_staging_worker_a_running_worker_gets_no_candidates_until_one_beats() -> None:
+    c = core(min_batch=8)
+    c.set_staging_workers([])  # the only prefill worker died
+    c.on_kv_ready(ready("in", 500), now=0.0)
+    assert c.on_status(status(1, idle=False, running=4, lo=480, hi=520, cand_batch=3), now=0.0) == []
+    c.set_staging_workers(["prefill-0"])
+    [plan] = c.dispatch(now=0.0)
     assert plan.buffer is CandidateBuffer.REQUESTS and plan.request_ids == ("in",)
 
 

@@ -235,6 +235,21 @@ def test_cancel_drops_a_candidate_and_aborts_a_running_request() -> None:
     assert c.on_outputs([Output("a", [3], [7, 3])], 1) == []  # its last step's tokens are dropped
 
 
+def test_the_requests_of_a_gone_gateway_are_dropped_and_cancelled_everywhere() -> None:
+    c = core()
+    c.on_plan(plan(1, planned("a", 9, gateway="dead"), planned("b", 9), planned("c", 9, gateway="dead")))
+    c.admitted("a")
+    cancels = c.orphan({"dead"}, "gateway dead restarted")
+    assert [(m.request_id, m.reason) for m in cancels] == [
+        ("c", "gateway dead restarted"),
+        ("a", "gateway dead restarted"),
+    ]
+    assert c.take_aborts() == ["a"] and c.candidate_counts == (0, 1) and c.knows("b")
+    assert c.orphan({"dead"}, "again") == []  # gone once: a later sweep sends nothing more
+    c.on_plan(plan(2, planned("a", 9, gateway="dead")))
+    assert not c.knows("a")  # a late plan of a cancelled request cannot revive it
+
+
 def test_status_reports_room_range_candidates_and_the_latest_plan() -> None:
     c = core()
     c.on_plan(plan(1, planned("a", 9), planned("b", 30)))

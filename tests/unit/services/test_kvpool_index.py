@@ -3,6 +3,8 @@ to a batcher that already knows the request (pure; the real aligned policy under
 
 from __future__ import annotations
 
+import dataclasses
+
 from alignedserve.batcher.core import BatcherCore, BatcherRules
 from alignedserve.batching.policies import make_policy
 from alignedserve.bus.messages import (
@@ -19,7 +21,7 @@ from alignedserve.bus.messages import (
     WorkerHeartbeat,
     WorkerState,
 )
-from alignedserve.kvpool.index import PoolIndex
+from alignedserve.kvpool.index import PoolIndex, request_states
 
 POOL = KvLocation(worker_id="kvpool-0", kind=ServiceKind.KVPOOL, ucx_address_key="pool-address")
 ELSEWHERE = KvLocation(worker_id="prefill-0", kind=ServiceKind.PREFILL, ucx_address_key="prefill-address")
@@ -140,3 +142,13 @@ def test_a_reannounced_kv_ready_changes_nothing_for_a_request_the_batcher_holds_
     assert core.on_kv_ready(reannounced(ready("waiting")), now=0.0) == []  # planned: not again
     core.on_request_gone("cancelled")
     assert core.on_kv_ready(reannounced(ready("cancelled")), now=0.0) == [] and core.waiting == 0
+
+
+def test_the_requests_each_batcher_topic_message_is_about_with_their_state() -> None:
+    labelled = dataclasses.replace(STATE, client_request_id="client-label")
+    status = DecodeStatus(worker_id="decode-0", seq=1, free_blocks=1, total_blocks=2, running=0, prefix_lo=0,
+                          prefix_hi=0, idle=True)  # fmt: skip
+    assert request_states(dataclasses.replace(ready("r1"), state=labelled)) == [("r1", labelled)]
+    assert request_states(evicted("r2", None)) == [("r2", STATE)]
+    assert request_states(plan("r3", "r4")) == [("r3", STATE), ("r4", STATE)]
+    assert request_states(status) == []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alignedserve.batching.quadtree import DEFAULT_LEAF_WIDTH, DEFAULT_MAX_LEN, QuadTree
-from alignedserve.batching.search import density_first_search
+from alignedserve.batching.search import check_limits, density_first_search
 from alignedserve.batching.types import BatchLimits, WaitingRequest
 
 
@@ -52,14 +52,20 @@ class AlignedPolicy:
         threshold = now - self.starvation_s
         return threshold if self.tree.oldest[0] <= threshold else None
 
-    def form_batch(self, limits: BatchLimits, now: float, decode_unsaturated: bool) -> list[WaitingRequest]:
+    def form_batch(self, limits: BatchLimits, now: float) -> list[WaitingRequest]:
+        check_limits(limits)
         starved_before = self.starved_before(now)
-        if len(self.tree) < limits.min_requests and not decode_unsaturated and starved_before is None:
-            return []  # low load with a busy worker: wait for more rather than ship a thin batch
+        if len(self.tree) < limits.min_requests and starved_before is None:
+            return []  # a saturated worker (room.py): wait for more rather than ship a thin batch
         result = density_first_search(self.tree, limits, starved_before)
         if not result.requests and starved_before is not None:
             # the oldest request alone exceeds B_max and can never go out: do not let it block others
             result = density_first_search(self.tree, limits, None)
+        if not result.requests:
+            # the descent ended in a leaf whose oldest does not fit (or holds only requests larger than
+            # B_max): asked again it would refuse forever while smaller requests wait elsewhere
+            cap = limits.max_requests if limits.max_requests is not None else len(self.tree)
+            return sort_batch(self.prefetch_candidates(0, self.tree.max_len - 1, limits.max_blocks, cap))
         return sort_batch(list(result.requests))
 
     def prefetch_candidates(

@@ -15,7 +15,7 @@ class FcfsPolicy:
 
     Strict arrival order: the first request that does not fit ends the batch (no overtaking). A
     request larger than B_max on its own can never be dispatched and is passed over. It never waits
-    for K_min (`decode_unsaturated` is ignored): the baseline admits into decode as soon as memory frees.
+    for K_min (`limits.min_requests` is ignored): the baseline admits into decode as soon as memory frees.
     """
 
     def __init__(self) -> None:
@@ -48,7 +48,7 @@ class FcfsPolicy:
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._by_id
 
-    def form_batch(self, limits: BatchLimits, now: float, decode_unsaturated: bool) -> list[WaitingRequest]:
+    def form_batch(self, limits: BatchLimits, now: float) -> list[WaitingRequest]:
         check_limits(limits)  # K_min plays no part: FCFS admits whatever waits, as memory frees
         cap = limits.max_requests if limits.max_requests is not None else len(self._by_id)
         taken: list[WaitingRequest] = []

@@ -43,12 +43,12 @@ class BatchPolicy(Protocol):
 
     def __contains__(self, request_id: object) -> bool: ...
 
-    def form_batch(self, limits: BatchLimits, now: float, decode_unsaturated: bool) -> list[WaitingRequest]:
+    def form_batch(self, limits: BatchLimits, now: float) -> list[WaitingRequest]:
         """Choose, remove from the pool and return the next batch ([] when it should wait for more).
 
-        `decode_unsaturated`: the target decode worker runs fewer than K_min requests (idle included).
-        Such a worker gains throughput from any request at once, so with fewer than K_min waiting the
-        policy ships what there is instead of holding it for a fuller, better aligned batch.
+        A prefix-aware policy waits while fewer than `limits.min_requests` requests wait and none is
+        starved. Callers pass the load-adapted K_min (`room.load_adapted`): the configured K_min only
+        while the target decode worker is saturated, so a worker with free slots never waits.
         """
         ...
 

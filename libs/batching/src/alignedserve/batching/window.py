@@ -93,12 +93,10 @@ class WindowPolicy:
             return None
         return oldest if oldest.arrival <= now - self.starvation_s else None
 
-    def form_batch(self, limits: BatchLimits, now: float, decode_unsaturated: bool) -> list[WaitingRequest]:
+    def form_batch(self, limits: BatchLimits, now: float) -> list[WaitingRequest]:
         check_limits(limits)
         starved = self._starved(now)
-        if not self._by_id or (
-            len(self._by_id) < limits.min_requests and not decode_unsaturated and starved is None
-        ):
+        if not self._by_id or (len(self._by_id) < limits.min_requests and starved is None):
             return []
         items: list[WaitingRequest] = list(self._sorted)
         chosen = None

@@ -112,7 +112,7 @@ def bench_forms(
     for form in range(forms):
         now = work.now
         snapshot = list(policy.tree) if form < oracle_samples and isinstance(policy, AlignedPolicy) else None
-        wall, cpu, batch = timed(lambda now=now: policy.form_batch(limits, now, decode_unsaturated=True))  # type: ignore[misc]
+        wall, cpu, batch = timed(lambda now=now: policy.form_batch(limits, now))  # type: ignore[misc]
         walls.append(wall)
         cpus.append(cpu)
         if batch:

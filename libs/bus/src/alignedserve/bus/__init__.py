@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from alignedserve.bus.base import (
     Bus,
+    BusPoolTimeout,
     BusUnavailable,
     ConsumerOptions,
     Delivery,
@@ -15,6 +16,7 @@ from alignedserve.bus.seen import SeenIds
 
 __all__ = [
     "Bus",
+    "BusPoolTimeout",
     "BusUnavailable",
     "ConsumerOptions",
     "Delivery",

@@ -10,6 +10,10 @@ Handlers must therefore be idempotent. Two layers help:
     see `token_stream.TokenStream`), so a second handling of the same fact changes nothing.
 A payload that does not decode, or whose handler still fails after `max_attempts`, goes to the
 topic's dead-letter topic (`topics.dead_letter`) and is acknowledged: one bad message never blocks a group.
+
+A publish rides out a broker outage (a restart, a lost connection) of up to `PUBLISH_OUTAGE_S`: it is tried
+again on the back-off `PUBLISH_RETRY`, then raises `BusUnavailable`, so a long outage ends in the caller's
+error path instead of a silent hang. A re-sent message may arrive twice; consumers drop it by message id.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ class ConsumerOptions:
     drain_timeout_s: float = 10.0  # stop(): how long an in-flight handler may take to finish
     # called with each handled message's lag (created_at -> handler start, seconds): a service's metrics
     observe_lag: Callable[[float], None] | None = None
+    # called (with what was lost) when the consume loop finds that the broker lost this subscription's
+    # topics or group since it last read (restarted without its storage, flushed): whatever was
+    # published and not yet handled before then is gone, and the caller may redo it
+    on_broker_loss: Callable[[str], None] | None = None
 
 
 @dataclass(slots=True)
@@ -67,6 +75,8 @@ class ConsumerStats:
 
 
 RECONNECT = Backoff(0.1, max_s=2.0)  # a consume loop that lost its broker: 0.1 s, doubling to 2 s, forever
+PUBLISH_RETRY = Backoff(0.05, max_s=1.0)  # a publish that met a broker error: 0.05 s, doubling to 1 s ...
+PUBLISH_OUTAGE_S = 15.0  # ... for this long, then it raises BusUnavailable
 
 DeadLetter = Callable[[str, bytes, str], Awaitable[None]]  # (topic, payload, error) -> None
 
@@ -238,12 +248,35 @@ class Bus(abc.ABC):
     async def connect(self) -> None:
         """Check the broker answers (raises `BusUnavailable` with the URL otherwise)."""
 
-    @abc.abstractmethod
-    async def publish(self, topic: str, message: Message) -> None: ...
+    # errors of a publish that a retry can outlive (a lost connection, a restarting broker)
+    publish_errors: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+
+    async def publish(self, topic: str, message: Message) -> None:
+        await self.publish_many(topic, [message])
 
     async def publish_many(self, topic: str, messages: Sequence[Message]) -> None:
-        for message in messages:
-            await self.publish(topic, message)
+        """Publish in order; a broker error is retried for up to `PUBLISH_OUTAGE_S`, then raises
+        `BusUnavailable`. `BusPoolTimeout` (every connection busy) is raised at once: back-pressure."""
+
+        def resending(state: RetryCallState) -> None:
+            log.warning("publish to %s failed (%r); sending again in %.2fs", topic, retry_error(state),
+                        retry_wait_s(state))  # fmt: skip
+
+        sends = retrying(
+            PUBLISH_RETRY, on=self.publish_errors, deadline_s=PUBLISH_OUTAGE_S, before_sleep=resending
+        )
+        try:
+            async for attempt in sends:
+                with attempt:
+                    await self._send(topic, messages)
+        except self.publish_errors as exc:
+            raise BusUnavailable(
+                f"publish to {topic} on {self.url} failed for {PUBLISH_OUTAGE_S:.0f} s: {exc!r}"
+            ) from exc
+
+    @abc.abstractmethod
+    async def _send(self, topic: str, messages: Sequence[Message]) -> None:
+        """One try at publishing `messages` in order (the broker client's errors propagate)."""
 
     @abc.abstractmethod
     async def subscribe(
@@ -279,6 +312,11 @@ class Bus(abc.ABC):
 
 class BusUnavailable(ConnectionError):
     """The broker named by a bus URL does not answer."""
+
+
+class BusPoolTimeout(Exception):
+    """No connection of the bus's bounded pool came free within its wait timeout: the process has more
+    concurrent bus calls than connections (back-pressure: try again later), not a broker fault."""
 
 
 def as_topics(topics: str | Sequence[str]) -> list[str]:

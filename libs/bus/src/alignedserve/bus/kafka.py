@@ -16,9 +16,17 @@ in logs or in ``--check-config``), ``ssl_cafile=PATH`` (the broker's CA; default
 ``ssl_certfile=PATH`` and ``ssl_keyfile=PATH`` (a client certificate, for mutual TLS).
 
 Broker loss: a broker that restarts without its storage (tansu on memory) forgets topics and commits.
-aiokafka reconnects by itself; a publish to a topic the broker no longer knows re-creates it (the
-topic cache is dropped); a subscription that finds its topic back with another partition count (the
-broker re-created it on first use, with its own default) logs what was lost.
+aiokafka reconnects by itself. A failed publish forgets which topics it knew, so its next try (publishes
+ride out an outage: `base.PUBLISH_OUTAGE_S`) first creates the topic again explicitly with `partitions`
+partitions, before the producer's own metadata request could auto-create it with the broker's default;
+a subscription whose consume loop lost the broker does the same for its topics before it reads again.
+None of this bus's clients lets a metadata request auto-create a topic (`_ExplicitTopicsOnly`): a broker
+that lost a topic would otherwise make it again on the first consumer's metadata refresh, with its own
+default partition count (tansu: 4). A subscription whose topic is gone from the metadata creates it again,
+logs what was lost and reads it from its start once assigned (all it holds came after the loss); so
+does a member that finds no commit of a partition it had before (the commits went with the broker's
+data), which then tells `ConsumerOptions.on_broker_loss`. A topic back with another partition count is
+logged as lost too.
 """
 
 from __future__ import annotations
@@ -27,12 +35,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+import aiokafka.client
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
@@ -44,6 +53,7 @@ from aiokafka.errors import (
     UnknownTopicOrPartitionError,
 )
 from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.metadata import MetadataRequest
 from pydantic import SecretStr
 
 from alignedserve.bus import topics as topic_names
@@ -64,6 +74,22 @@ from alignedserve.core.retry import Backoff, retrying
 log = logging.getLogger("alignedserve.bus")
 
 METADATA_POLL = Backoff(0.05, attempts=50, factor=1.0)  # a fresh topic's partitions: up to ~2.5 s
+RECREATE_EVERY_S = 1.0  # a subscription tries to create its lost topics again at most this often
+COMMIT_TIMEOUT_S = 2.0  # an offset commit unanswered this long is given up (the records may come again)
+
+
+class _ExplicitTopicsOnly(MetadataRequest):  # type: ignore[misc]
+    """aiokafka's metadata request, asking the broker not to auto-create the topics it names."""
+
+    def __init__(
+        self, topics: list[str] | None = None, allow_auto_topic_creation: bool | None = None
+    ) -> None:
+        super().__init__(topics, False if allow_auto_topic_creation is None else allow_auto_topic_creation)
+
+
+# aiokafka builds its clients' metadata requests from this name and offers no option for it: topics are
+# created by this bus only (`KafkaBus.ensure_topics`), with the configured partitions and retention
+aiokafka.client.MetadataRequest = _ExplicitTopicsOnly
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +192,8 @@ def parse_url_security(url: str) -> tuple[str, KafkaOptions, KafkaSecurity]:
 
 
 class KafkaBus(Bus):
+    publish_errors = (KafkaError, OSError, TimeoutError)
+
     def __init__(self, url: str, namespace: Namespace | None = None) -> None:
         self.url = url
         self.namespace: Namespace = namespace or DefaultNamespace()
@@ -216,11 +244,12 @@ class KafkaBus(Bus):
             raise RuntimeError("KafkaBus used before connect() (use connect_bus or `async with`)")
         return self._producer, self._admin
 
-    async def ensure_topics(self, topics: Sequence[str]) -> None:
+    async def ensure_topics(self, topics: Sequence[str]) -> list[str]:
+        """Create those of `topics` the broker lacks; returns the ones created."""
         _, admin = self._started()
         missing = [t for t in topics if t not in self._known_topics]
         if not missing:
-            return
+            return []
         existing = set(await admin.list_topics())
         retention = {"retention.ms": str(self.options.retention_ms)}
         to_create = [
@@ -233,38 +262,36 @@ class KafkaBus(Bus):
             with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics(to_create)
         self._known_topics.update(missing)
+        return [t.name for t in to_create]
 
-    async def publish(self, topic: str, message: Message) -> None:
+    async def _send(self, topic: str, messages: Sequence[Message]) -> None:
         producer, _ = self._started()
         name = self.namespace.topic(topic)
-        key = message.routing_key()
         try:
             await self.ensure_topics([name])
-            await producer.send_and_wait(name, encode(message), key=key.encode() if key else None)
+            sent = []
+            for message in messages:
+                key = message.routing_key()
+                sent.append(await producer.send(name, encode(message), key=key.encode() if key else None))
+            await asyncio.gather(*sent)
         except UnknownTopicOrPartitionError:
-            await self._recreate(name)
-            await producer.send_and_wait(name, encode(message), key=key.encode() if key else None)
+            self._forget_topics(f"topic {name} is unknown to the broker")
+            raise
+        except (KafkaError, OSError) as exc:
+            self._forget_topics(f"a publish to {name} failed: {exc!r}")
+            raise
 
-    async def _recreate(self, name: str) -> None:
-        """A topic this bus knew is gone from the broker: make it again (once; a second loss raises)."""
-        log.warning(
-            "Kafka topic %s is unknown to the broker (restarted without its storage?): its records are "
-            "lost; re-creating it with %d partitions",
-            name,
-            self.options.partitions,
-        )
-        self._known_topics.discard(name)
-        await self.ensure_topics([name])
-
-    async def publish_many(self, topic: str, messages: Sequence[Message]) -> None:
-        producer, _ = self._started()
-        name = self.namespace.topic(topic)
-        await self.ensure_topics([name])
-        sent = []
-        for message in messages:
-            key = message.routing_key()
-            sent.append(await producer.send(name, encode(message), key=key.encode() if key else None))
-        await asyncio.gather(*sent)
+    def _forget_topics(self, why: str) -> None:
+        """The broker may have restarted without its storage: the next use of a topic creates it again
+        (with `partitions`), before the producer's metadata request could auto-create it."""
+        if self._known_topics:
+            log.warning(
+                "Kafka %s (restarted without its storage?): records not yet consumed may be lost; "
+                "topics are created again with %d partitions on their next use",
+                why,
+                self.options.partitions,
+            )
+        self._known_topics.clear()
 
     async def subscribe(
         self,
@@ -294,12 +321,17 @@ class KafkaBus(Bus):
             **self._security_kwargs(),
         )
         dispatcher = Dispatcher(handler, opts, self._dead_letter, f"kafka:{group}/{consumer}")
-        sub = KafkaSubscription(kafka_consumer, self.options, dispatcher, names)
+        sub = KafkaSubscription(kafka_consumer, self.options, dispatcher, names, self._recreate_topics)
         kafka_consumer.subscribe(list(names), listener=sub.listener)
         await kafka_consumer.start()
         self._subscriptions.append(sub)
         sub.start()
         return sub
+
+    async def _recreate_topics(self, names: list[str]) -> list[str]:
+        """Create those of `names` the broker lost again (this bus created them before); returns them."""
+        self._known_topics.difference_update(names)
+        return await self.ensure_topics(names)
 
     async def _dead_letter(self, topic: str, payload: bytes, error: str) -> None:
         producer, _ = self._started()
@@ -372,18 +404,50 @@ async def _partitions(probe: AIOKafkaConsumer, topic: str) -> list[int]:
 
 
 class _Assignments(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, ready: asyncio.Event, name: str, partitions: Callable[[str], set[int] | None]) -> None:
+    def __init__(
+        self,
+        ready: asyncio.Event,
+        name: str,
+        partitions: Callable[[str], set[int] | None],
+        consumer: AIOKafkaConsumer,
+        on_loss: Callable[[str], None] | None,
+    ) -> None:
         self._ready = ready
         self._name = name
         self._partitions = partitions  # a topic's partitions in the client's current metadata
+        self._consumer = consumer
+        self._on_loss = on_loss  # `ConsumerOptions.on_broker_loss`
         self._counts: dict[str, int] = {}  # partitions of each subscribed topic at the last assignment
+        self._seen: set[TopicPartition] = set()  # partitions this member was assigned before
+        self.rewind: set[str] = set()  # topics lost and created again: read from their start once assigned
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         """Nothing to flush: offsets are committed right after each handled record batch."""
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self._note_lost_topics({tp.topic for tp in assigned})
+        # the group's commits went with the topic: its start, not `auto_offset_reset`, is where to read
+        fresh = [tp for tp in sorted(assigned) if await self._lost_commit(tp)]
+        if fresh:
+            lost = ", ".join(f"{tp.topic}:{tp.partition}" for tp in fresh)
+            log.warning("%s: the broker lost this group's commits of %s: reading them from their start",
+                        self._name, lost)  # fmt: skip
+            for tp in fresh:  # a plain seek: awaiting seek_to_beginning here would stall the rebalance
+                self._consumer.seek(tp, 0)
+            self.rewind.difference_update(tp.topic for tp in fresh)
+            if self._on_loss is not None:
+                self._on_loss(f"Kafka lost the group's commits of {lost}")
+        self._seen.update(assigned)
         self._ready.set()
+
+    async def _lost_commit(self, tp: TopicPartition) -> bool:
+        """Its topic was seen lost; or this member had it before and the group's commit of it is gone
+        now — which also covers a topic some other process created again before this one noticed.
+        (A partition that never carried a message for the group has no commit either: reading it from
+        its start then replays what came before the group joined, which consumers take as redelivery.)"""
+        if tp.topic in self.rewind:
+            return True
+        return tp in self._seen and await self._consumer.committed(tp) is None
 
     def _note_lost_topics(self, topics: set[str]) -> None:
         """A topic back with another partition count was lost and re-created: say so, once."""
@@ -401,6 +465,7 @@ class _Assignments(ConsumerRebalanceListener):  # type: ignore[misc]
                     before,
                 )
                 self._counts[topic] = count
+                self.rewind.add(topic)
 
 
 class KafkaSubscription(Subscription):
@@ -412,16 +477,24 @@ class KafkaSubscription(Subscription):
         options: KafkaOptions,
         dispatcher: Dispatcher,
         topics: dict[str, str],
+        recreate: Callable[[list[str]], Awaitable[list[str]]],
     ) -> None:
         super().__init__(dispatcher)
         self._consumer = consumer
         self._options = options
         self._topics = topics  # broker name -> the logical name handlers see in `Delivery.topic`
-        cluster = consumer._client.cluster  # aiokafka's metadata cache (no public accessor)
-        self.listener = _Assignments(self._ready, dispatcher.name, cluster.partitions_for_topic)
+        self._recreate = recreate
+        self._cluster = consumer._client.cluster  # aiokafka's metadata cache (no public accessor)
+        self._had: set[str] = set()  # topics the metadata showed partitions of
+        self._unsure: set[str] = set()  # topics whose commit got no answer: the broker may have lost them
+        self._next_recreate = 0.0
+        partitions = self._cluster.partitions_for_topic
+        on_loss = dispatcher.options.on_broker_loss
+        self.listener = _Assignments(self._ready, dispatcher.name, partitions, consumer, on_loss)
 
     async def _run(self) -> None:
         while not self._stopping:
+            await self._recreate_lost_topics()
             self._fetching = True
             try:
                 batches = await self._consumer.getmany(timeout_ms=self._options.poll_ms)
@@ -429,6 +502,32 @@ class KafkaSubscription(Subscription):
                 self._fetching = False
             for tp, records in batches.items():
                 await self._handle(tp, records)
+
+    async def _recreate_lost_topics(self) -> None:
+        """Topics the metadata knew and no longer does: the broker lost them (restarted without its
+        storage). Created again here, since nothing auto-creates them (`_ExplicitTopicsOnly`)."""
+        suspects = set(self._unsure)
+        for topic in self._topics:
+            if self._cluster.partitions_for_topic(topic):
+                self._had.add(topic)
+            elif topic in self._had:
+                suspects.add(topic)
+        if not suspects or time.monotonic() < self._next_recreate:
+            return
+        self._next_recreate = time.monotonic() + RECREATE_EVERY_S
+        self._unsure.clear()
+        gone = await self._recreate(sorted(suspects))  # only those the broker's topic list lacks
+        if not gone:
+            return
+        log.warning(
+            "%s: Kafka topic(s) %s gone from the broker (restarted without its storage?): their records "
+            "and this group's commits are lost; created them again, reading them from their start",
+            self.dispatcher.name,
+            ", ".join(gone),
+        )
+        self._had.difference_update(gone)
+        self.listener.rewind.update(gone)  # the rejoin that follows reads them from their start, and says so
+        await self._consumer._client.force_metadata_update()
 
     async def _handle(self, tp: TopicPartition, records: Sequence[object]) -> None:
         next_offset: int | None = None
@@ -447,7 +546,14 @@ class KafkaSubscription(Subscription):
 
     async def _commit(self, tp: TopicPartition, offset: int) -> None:
         try:
-            await self._consumer.commit({tp: offset})
+            # aiokafka retries a commit to a topic the broker no longer knows for ever: bounded, the
+            # loop goes on to notice the loss and create the topic again (the records are redelivered
+            # if the group still needs them; handlers are idempotent)
+            await asyncio.wait_for(self._consumer.commit({tp: offset}), COMMIT_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("%s: commit of %s@%d unanswered for %.0f s (its topic lost with the broker?)",
+                        self.dispatcher.name, tp, offset, COMMIT_TIMEOUT_S)  # fmt: skip
+            self._unsure.add(tp.topic)
         except (CommitFailedError, IllegalStateError) as exc:
             # the partition moved to another member mid-batch: it will redeliver from the last commit
             log.warning("%s: commit of %s@%d lost to a rebalance: %s", self.dispatcher.name, tp, offset, exc)

@@ -160,6 +160,7 @@ class RequestState:
     prompt_len: int
     output_len: int  # tokens generated so far (the first one comes from prefill)
     recent_token_ids: tuple[int, ...]  # last generated tokens (<= 32): next input and stop-string tail
+    client_request_id: str = ""  # the client's X-Request-Id (a log label only; "" when it sent none)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -230,7 +231,7 @@ class PrefillRequest(Message):
     """gateway -> prefill: run this prompt."""
 
     TYPE: ClassVar[str] = "prefill_request"
-    VERSION: ClassVar[int] = 2  # v2: prompt logprobs and penalties (SamplingSpec, TokenBatch)
+    VERSION: ClassVar[int] = 3  # v3: client_request_id
 
     request_id: str
     model: str
@@ -238,6 +239,7 @@ class PrefillRequest(Message):
     sampling: SamplingSpec
     arrival: float  # when the gateway accepted it (wall clock)
     gateway_id: str  # tokens for this request go to this gateway's token topic
+    client_request_id: str = ""  # the client's X-Request-Id: workers log it next to request_id
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -261,7 +263,7 @@ class KvReady(Message):
     """prefill/kvpool -> batcher: a prefilled request's KV is stored and it can be batched."""
 
     TYPE: ClassVar[str] = "kv_ready"
-    VERSION: ClassVar[int] = 2  # v2: prompt logprobs and penalties (SamplingSpec, TokenBatch)
+    VERSION: ClassVar[int] = 3  # v3: RequestState.client_request_id
 
     request_id: str
     prefix_len: int  # tokens in its KV
@@ -299,7 +301,7 @@ class BatchPlan(Message):
     """batcher -> staging prefill worker and target decode worker: prefetch these requests."""
 
     TYPE: ClassVar[str] = "batch_plan"
-    VERSION: ClassVar[int] = 2  # v2: prompt logprobs and penalties (SamplingSpec, TokenBatch)
+    VERSION: ClassVar[int] = 3  # v3: RequestState.client_request_id
 
     batch_id: int
     decode_worker_id: str
@@ -357,7 +359,7 @@ class RequestEvicted(Message):
     """decode -> batcher / staging prefill: a running request left the batch for lack of KV room."""
 
     TYPE: ClassVar[str] = "request_evicted"
-    VERSION: ClassVar[int] = 2  # v2: prompt logprobs and penalties (SamplingSpec, TokenBatch)
+    VERSION: ClassVar[int] = 3  # v3: RequestState.client_request_id
 
     request_id: str
     decode_worker_id: str

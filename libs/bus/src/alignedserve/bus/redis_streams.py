@@ -5,16 +5,20 @@ stay in the group's pending list; every `claim_interval` each live member runs X
 idle longer than `claim_idle`, so a killed member's message is redelivered to a live one. On start a
 member first re-reads its own pending entries (a restart under the same consumer name).
 
-URL: ``redis://host:port/db?maxlen=100000&claim_idle_ms=30000&claim_interval_ms=5000&block_ms=1000``
-(the query options are this bus's; the rest goes to redis-py). TLS: ``rediss://`` with redis-py's own
+URL: ``redis://host:port/db?maxlen=100000&claim_idle_ms=30000&claim_interval_ms=5000&block_ms=1000
+&max_connections=64&pool_timeout_ms=2000`` (the query options are this bus's; the rest goes to redis-py).
+The connections are a bounded pool: a call that finds all `max_connections` busy waits up to
+`pool_timeout_ms` for one, then raises `BusPoolTimeout` (the gateway answers 429), never opening more.
+Each subscription holds one connection while it blocks on XREADGROUP, so the pool must exceed them. TLS: ``rediss://`` with redis-py's own
 ``ssl_ca_certs=PATH`` (and ``ssl_certfile`` / ``ssl_keyfile`` for mutual TLS). A password: ``password_file=PATH``
 (read from that file, e.g. a mounted Kubernetes Secret, so it is never in the URL, the logs or
 ``--check-config``); ``redis://USER@host`` names an ACL user.
 
 Broker loss: a Redis that restarted without persistence, or whose data was flushed, answers XREADGROUP
 with NOGROUP. The consume loop treats that like a lost connection (the one reconnect back-off), and
-each new run of the loop first re-creates its streams and groups, logging what it found missing: the
-entries published before the loss and not yet handled are gone with the broker's data.
+each new run of the loop first re-creates its streams and groups, logging what it found missing (and
+telling `ConsumerOptions.on_broker_loss`): the entries published before the loss and not yet handled are
+gone with the broker's data. Publishes ride out the outage (`base.PUBLISH_OUTAGE_S`).
 """
 
 from __future__ import annotations
@@ -31,10 +35,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import redis.asyncio as aioredis
 from pydantic import SecretStr
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from alignedserve.bus import topics as topic_names
 from alignedserve.bus.base import (
     Bus,
+    BusPoolTimeout,
     BusUnavailable,
     ConsumerOptions,
     Delivery,
@@ -63,6 +70,10 @@ class RedisOptions:
     # touched it: restarted pods come back under new ids and would leave theirs behind (0: never)
     inbox_ttl_s: int = 3_600
     password_file: str = ""  # the password, read from this file (not a number: parsed apart)
+    # connections of this process's pool (each blocked subscription holds one), and how long a call
+    # waits for a free one before `BusPoolTimeout`
+    max_connections: int = 64
+    pool_timeout_ms: int = 2_000
 
 
 def split_url(url: str) -> tuple[str, RedisOptions]:
@@ -87,7 +98,24 @@ def read_password(options: RedisOptions) -> SecretStr | None:
     return SecretStr(Path(options.password_file).read_text(encoding="utf-8").strip())
 
 
+class BoundedPool(aioredis.BlockingConnectionPool):
+    """redis-py's blocking pool, whose wait timeout raises `BusPoolTimeout` instead of the
+    ConnectionError redis-py uses (that one means a lost broker here, and is retried)."""
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except RedisConnectionError as exc:
+            if not isinstance(exc.__cause__, TimeoutError):
+                raise
+            raise BusPoolTimeout(
+                f"all {self.max_connections} Redis connections stayed busy for {self.timeout} s"
+            ) from exc
+
+
 class RedisStreamsBus(Bus):
+    publish_errors = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError)
+
     def __init__(self, url: str, namespace: Namespace | None = None) -> None:
         self.url = mask_url_password(url)  # shown in logs and errors: a password written in it is masked
         self.namespace: Namespace = namespace or DefaultNamespace()
@@ -96,7 +124,14 @@ class RedisStreamsBus(Bus):
         password = read_password(self.options)
         if password is not None:
             extra["password"] = password.get_secret_value()
-        self._redis: aioredis.Redis = aioredis.Redis.from_url(redis_url, decode_responses=False, **extra)
+        pool = BoundedPool.from_url(
+            redis_url,
+            decode_responses=False,
+            max_connections=self.options.max_connections,
+            timeout=self.options.pool_timeout_ms / 1000,
+            **extra,
+        )
+        self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         self._subscriptions: list[RedisSubscription] = []
 
     async def connect(self) -> None:
@@ -110,24 +145,19 @@ class RedisStreamsBus(Bus):
         except (RedisError, OSError) as exc:
             raise BusUnavailable(f"Redis at {self.url} does not answer: {exc}") from exc
 
-    async def publish(self, topic: str, message: Message) -> None:
-        if self._ttl_s(topic):  # the expiry rides in the same round trip
-            await self.publish_many(topic, [message])
-            return
-        await self._redis.xadd(
-            self.namespace.topic(topic),
-            {PAYLOAD: encode(message)},
-            maxlen=self.options.maxlen,
-            approximate=True,
-        )
-
-    async def publish_many(self, topic: str, messages: Sequence[Message]) -> None:
+    async def _send(self, topic: str, messages: Sequence[Message]) -> None:
         stream = self.namespace.topic(topic)
+        ttl_s = self._ttl_s(topic)
+        if len(messages) == 1 and not ttl_s:  # one round trip without a pipeline
+            await self._redis.xadd(
+                stream, {PAYLOAD: encode(messages[0])}, maxlen=self.options.maxlen, approximate=True
+            )
+            return
         async with self._redis.pipeline(transaction=False) as pipe:
             for message in messages:
                 entry: dict[Any, Any] = {PAYLOAD: encode(message)}
                 pipe.xadd(stream, entry, maxlen=self.options.maxlen, approximate=True)
-            if ttl_s := self._ttl_s(topic):
+            if ttl_s:  # the expiry rides in the same round trip
                 pipe.expire(stream, ttl_s)
             await pipe.execute()
 
@@ -203,7 +233,7 @@ async def create_group(redis: aioredis.Redis, stream: str, group: str, start_id:
 
 
 class RedisSubscription(Subscription):
-    transient_errors = (RedisError, OSError, TimeoutError)
+    transient_errors = (RedisError, OSError, TimeoutError, BusPoolTimeout)
 
     def __init__(
         self,
@@ -253,8 +283,10 @@ class RedisSubscription(Subscription):
         """Streams and groups a restarted or flushed Redis no longer has: made again, and said so.
 
         Re-created from the stream's start: whatever it holds now was published after the loss."""
+        lost = []
         for stream in self._topics:
             if await create_group(self._redis, stream, self._group, "0"):
+                lost.append(stream)
                 log.warning(
                     "%s: Redis lost stream %s or its group %s (restarted without persistence, or "
                     "flushed): its unhandled entries and pending list are gone; re-created the group "
@@ -263,6 +295,9 @@ class RedisSubscription(Subscription):
                     stream,
                     self._group,
                 )
+        notify = self.dispatcher.options.on_broker_loss
+        if lost and notify is not None:
+            notify(f"Redis lost {', '.join(lost)} (group {self._group})")
 
     def _block_ms(self) -> int:
         until_claim = int((self._next_claim - time.monotonic()) * 1000)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 DTYPES_BY_DEVICE: dict[str, tuple[str, ...]] = {
     "cpu": ("float32", "bfloat16"),
@@ -12,6 +13,50 @@ ATTENTION_STRATEGIES = ("auto", "padded", "bucketed", "per_sequence")
 DECODE_BACKENDS = ("auto", "torch", "triton", "reference")  # see alignedserve.engine.decode_backend
 LINEAR_KERNELS = ("auto", "torch", "onednn_packed")  # see alignedserve.engine.linear
 DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
+AUTO_DTYPE = "auto"
+# x86 flags of native bfloat16 arithmetic (/proc/cpuinfo): without them torch emulates bfloat16 on CPU,
+# slower than float32 (docs/engine-benchmarks.md), so `auto` stays float32 there.
+BF16_CPU_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The feature flags in /proc/cpuinfo text (the first processor's; all cores share them)."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def auto_dtype(device_type: str, flags: frozenset[str], cuda_bf16: bool = False) -> str:
+    """What `auto` means on a device: bfloat16 where the hardware computes it natively, else float32
+    (the dtype of exact parity with transformers). `flags`: the CPU's; `cuda_bf16`: the GPU's native
+    bfloat16 support."""
+    native = cuda_bf16 if device_type == "cuda" else bool(flags & BF16_CPU_FLAGS)
+    return "bfloat16" if native else "float32"
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """`dtype` itself, or for "auto" the dtype this host's `device` runs natively (`auto_dtype`)."""
+    if dtype != AUTO_DTYPE:
+        return dtype
+    device_type = device.split(":", 1)[0]
+    if device_type == "cuda":
+        import torch  # only here: a CPU-only config never needs torch to be parsed
+
+        if not torch.cuda.is_available():  # the engine reports that when it starts
+            return "float32"
+        with torch.cuda.device(torch.device(device)):  # cuda:N asks GPU N
+            native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return auto_dtype(device_type, frozenset(), native)
+    return auto_dtype(device_type, _host_cpu_flags())
+
+
+def _host_cpu_flags() -> frozenset[str]:
+    try:
+        return cpu_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:  # not Linux: no flags known, so float32
+        return frozenset()
 
 
 @dataclass(frozen=True)
@@ -24,7 +69,7 @@ class EngineConfig:
     """
 
     model: str = "smollm2"
-    dtype: str = "float32"
+    dtype: str = "float32"  # or "auto": resolved here, once (`resolve_dtype`)
     device: str = "cpu"
     block_size: int = 16
     kv_cache_bytes: int | None = None
@@ -47,6 +92,8 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.device_type in DTYPES_BY_DEVICE:  # an unknown device is reported by the check below
+            object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))  # frozen
         self._check_device_dtype()
         self._check_positive("block_size", self.block_size)
         self._check_positive("max_num_seqs", self.max_num_seqs)

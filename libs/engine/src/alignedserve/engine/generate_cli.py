@@ -37,7 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=None, help="per-request seed: same seed, same text")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true", help="run to --max-tokens even past EOS")
-    parser.add_argument("--dtype", default="float32", help="float32 or bfloat16 on CPU; float16 on GPU")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (default: bfloat16 where the device computes it natively, else float32), float32 or"
+        " bfloat16 on CPU; float16 on GPU",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     return parser
@@ -84,6 +89,7 @@ def _generate(args: argparse.Namespace) -> str:
         ignore_eos=args.ignore_eos,
     ).validate()
     config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads)
+    print(f"alignedserve generate: dtype {config.dtype}", file=sys.stderr)  # `auto` resolved
     return _complete(config, params, args.prompt, args.chat)
 
 

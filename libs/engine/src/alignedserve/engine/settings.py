@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ByteSize, Field, model_validator
+from pydantic import ByteSize, Field, ValidationInfo, field_validator, model_validator
 
 from alignedserve.core.config import WorkerSettings
-from alignedserve.engine.config import EngineConfig
+from alignedserve.engine.config import EngineConfig, resolve_dtype
 
 
 class EngineWorkerSettings(WorkerSettings):
@@ -16,8 +16,11 @@ class EngineWorkerSettings(WorkerSettings):
         pattern=r"^(cpu|cuda(:\d+)?)$",
         description="cpu, cuda or cuda:N: the model, its KV cache and the KV this worker receives",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="weights and KV: float32 or bfloat16 (cpu); float16 or bfloat16 (cuda)"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="weights and KV: auto = bfloat16 where the device computes it natively (CPU flags"
+        " amx_bf16 or avx512_bf16; CUDA compute capability 8+), float32 elsewhere; or float32, bfloat16"
+        " (cpu), float16, bfloat16 (cuda)",
     )
     block_size: int = Field(16, ge=1, description="KV block size in tokens")
     kv_cache_bytes: ByteSize | None = Field(
@@ -42,6 +45,12 @@ class EngineWorkerSettings(WorkerSettings):
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU; unset: torch's")
     advertise_host: str = Field("127.0.0.1", description="address other workers reach this UCX endpoint at")
     transfer_port: int = Field(0, ge=0, le=65535, description="UCX listener port (0: any free port)")
+
+    @field_validator("dtype", mode="after")
+    @classmethod
+    def _resolve_auto(cls, dtype: str, info: ValidationInfo) -> str:
+        # once, at parse: what the worker reports and logs is the dtype it runs (device comes first)
+        return resolve_dtype(dtype, info.data.get("device", "cpu"))
 
     @model_validator(mode="after")
     def _one_kv_size(self) -> EngineWorkerSettings:

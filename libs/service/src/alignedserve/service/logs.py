@@ -82,7 +82,9 @@ def bind_request_ids(**ids: str) -> None:
 
 
 @contextmanager
-def request_context(request_id: str, **values: Any) -> Iterator[None]:
-    """Every log line inside carries `request_id` (and `values`); restored on exit."""
-    with structlog.contextvars.bound_contextvars(request_id=request_id, **values):
+def request_context(request_id: str, client_request_id: str = "", **values: Any) -> Iterator[None]:
+    """Every log line inside carries `request_id` (and `values`), and `client_request_id` (the client's
+    X-Request-Id, carried in the bus messages) when there is one; restored on exit."""
+    labels = {"client_request_id": client_request_id} if client_request_id else {}
+    with structlog.contextvars.bound_contextvars(request_id=request_id, **labels, **values):
         yield

@@ -75,7 +75,9 @@ class TransferCounts(Protocol):
     bytes_received: int
     bytes_sent: int
     bytes_by_memory: dict[tuple[str, str], int]
-    negotiation: Negotiated | None
+
+    @property
+    def negotiation(self) -> Negotiated | None: ...  # read-only: a client's concrete type is a subtype
 
 
 class Negotiated(Protocol):

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from alignedserve.batching.room import load_adapted
 from alignedserve.batching.types import (
     BatchLimits,
     BatchPolicy,
@@ -220,19 +221,19 @@ class Cluster:
         self.tick_at = None
         wanting = [d for d in self.decoders if not d.staging_batch]
         wanting.sort(key=lambda d: (not d.idle, d.index))  # idle workers first
-        # the policy said "wait" for this decode_unsaturated value: same pool, same answer
-        refused: set[bool] = set()
+        # the policy said "wait" for this effective K_min: same pool, same answer
+        refused: set[int] = set()
         for worker in wanting:
-            unsaturated = worker.unsaturated(self.limits.min_requests)
-            if not len(self.policy) or unsaturated in refused:
+            limits = load_adapted(self.limits, worker.room(), len(self.policy))
+            if not len(self.policy) or limits.min_requests in refused:
                 continue
             started = time.perf_counter()
-            batch = self.policy.form_batch(self.limits, now, unsaturated)
+            batch = self.policy.form_batch(limits, now)
             self.metrics.form_s.append(time.perf_counter() - started)
             if batch:
                 self._stage(worker, batch, now, as_batch=True)
             else:
-                refused.add(unsaturated)
+                refused.add(limits.min_requests)
         retry = self.config.batcher_retry_s
         if retry is not None and len(self.policy) and any(not d.staging_batch for d in self.decoders):
             self._want_tick(now, retry)
@@ -297,8 +298,8 @@ class Cluster:
         stall = self._apply(worker, state, plan, now)
         if plan.finished or plan.evicted:
             self._dynamic_prefetch(worker, now)
-            if worker.unsaturated(self.limits.min_requests) and len(self.policy):
-                self._want_tick(now)  # it dropped below K_min: what waits may go out now
+            if worker.room().free_slots > 0 and len(self.policy):
+                self._want_tick(now)  # it has free slots: what waits may go out now (room.py)
         if not worker.candidate_batch and worker.staging_batch:
             worker.staging_batch = False  # the staged batch is all in: form the next one
             self._want_tick(now)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+from alignedserve.batching.room import DecodeRoom
 from alignedserve.batching.types import IterationState, ScheduledRequest
 from alignedserve.sim.cost import DecodeParts, SpanCost
 from alignedserve.sim.iterstats import IterationStats
@@ -81,9 +82,13 @@ class DecodeWorker:
         """Nothing running and nothing waiting for it: the batcher should not wait for a full batch."""
         return not self.running and not self.candidate_batch and not self.candidate_requests
 
-    def unsaturated(self, min_requests: int) -> bool:
-        """Fewer than K_min running or waiting to join: any batch now adds throughput (the low-load rule)."""
-        return len(self.running) + len(self.candidate_requests) < min_requests
+    def room(self) -> DecodeRoom:
+        """What the batcher sees of it for the load-adaptive K_min (batching/room.py)."""
+        return DecodeRoom(
+            occupied=len(self.running) + len(self.candidate_requests),
+            free_blocks=self.free_blocks,
+            max_running=self.max_batch,
+        )
 
     def join(self, request: SimRequest) -> None:
         self.running[request.request_id] = request

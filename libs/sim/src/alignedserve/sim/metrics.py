@@ -56,6 +56,7 @@ class Metrics:
         self.first_decode: list[float] = []
         self.tpot: list[float] = []
         self.client_tpot: list[float] = []
+        self.latency: list[float] = []  # arrival -> last token, per completed request
         self.first_arrival = float("inf")
         self.last_completion = 0.0
         self.waits: list[float] = []
@@ -85,6 +86,7 @@ class Metrics:
         done = r.last_token_at if r.decode_tokens else r.first_token_at
         self.first_arrival = min(self.first_arrival, r.arrival)
         self.last_completion = max(self.last_completion, done)
+        self.latency.append(done - r.arrival)
         if r.decode_tokens:
             self.client_tpot.append((done - r.first_token_at) / r.decode_tokens)
             self.first_decode.append(r.first_decode_at - r.arrival)
@@ -124,6 +126,7 @@ class Metrics:
             "output_throughput_tok_s": sum(self.output_tokens) / duration if duration > 0 else 0.0,
             "duration_s": duration,
             "mean_client_tpot_ms": _ms(self.client_tpot, None),
+            "mean_latency_ms": _ms(self.latency, None),
             "p99_client_tpot_ms": _ms(self.client_tpot, 99),
             "mean_wait_ms": _ms(self.waits, None),
             "max_wait_ms": max(self.waits, default=0.0) * 1e3,

@@ -7,16 +7,20 @@ decode device device-to-device). Payload buffers come from the store's `KvMemory
 Every entry is one request's KV: header bytes (small) and a payload buffer. A push first `reserve`s its
 payload size: beyond the budget the store refuses (`PoolFull`) and the sender backs off — backpressure,
 never an out-of-memory crash. A reserved entry becomes readable once `commit`ted (its bytes arrived and
-checked); `release` frees it (pulled by a decode or staging worker, cancelled, or finished).
+checked); `release` frees it (pulled by a decode or staging worker, cancelled, or finished). With
+`leases`, a committed entry holds a lease until it is released (`leases.py`: its owner frees what nobody
+pulls in time).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 from alignedserve.transfer import KVRegistry, PushRejected
 from alignedserve.transfer.buffers import Buffer
+from alignedserve.transfer.leases import Leases
 from alignedserve.transfer.memory import HostMemory, KvMemory
 
 
@@ -37,11 +41,14 @@ class PoolEntry:
 
 
 class KvStore:
-    def __init__(self, budget_bytes: int, memory: KvMemory | None = None) -> None:
+    def __init__(
+        self, budget_bytes: int, memory: KvMemory | None = None, leases: Leases | None = None
+    ) -> None:
         if budget_bytes <= 0:
             raise ValueError(f"the pool budget must be > 0 bytes, got {budget_bytes}")
         self.budget_bytes = budget_bytes
         self.memory: KvMemory = memory or HostMemory()
+        self.leases = leases
         self.used_bytes = 0
         self.refusals = 0
         self._entries: dict[str, PoolEntry] = {}
@@ -73,6 +80,8 @@ class KvStore:
         if entry is None:
             raise UnknownEntry(f"nothing reserved under {key!r} (released while it arrived?)")
         entry.committed = True
+        if self.leases is not None:
+            self.leases.grant(key, time.monotonic())
 
     def entry(self, key: str) -> PoolEntry | None:
         """The entry under `key`, committed or still arriving."""
@@ -89,6 +98,8 @@ class KvStore:
         if entry is None:
             return False
         self.used_bytes -= entry.nbytes
+        if self.leases is not None:
+            self.leases.end(key)
         return True
 
     def release_entry(self, key: str, entry: PoolEntry) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from alignedserve.transfer.address import PeerAddress
 from alignedserve.transfer.buffers import Buffer, ByteView, byte_view
 from alignedserve.transfer.connection import ChunkTap, Connection
-from alignedserve.transfer.errors import DestinationError, PushRejected, TransferError
+from alignedserve.transfer.errors import DestinationError, PeerUnavailable, PushRejected, TransferError
 from alignedserve.transfer.faults import FaultPlan, corrupt_first_chunk, corrupted_copy
 from alignedserve.transfer.registry import KVEntry, KVRegistry
 from alignedserve.transfer.runtime import UCX
@@ -57,7 +57,7 @@ class TransferServer:
         self.registry = registry
         self._sink = sink
         self._chunk_bytes = chunk_bytes
-        self._faults = faults or FaultPlan()
+        self._faults = faults if faults is not None else FaultPlan.from_env()
         self._listener: Any = None
         self._address: PeerAddress | None = None
         self._connections: set[Connection] = set()
@@ -133,10 +133,17 @@ class TransferServer:
     async def _send_entry(self, connection: Connection, transfer_id: int, entry: KVEntry) -> bool:
         """Offer, then the chunks right behind it without waiting for a ready: a pull costs one round
         trip like a bare send. A receiver that cannot take it drains the chunks and refuses."""
+        drop = partial_bytes(self._faults.drop_now(), entry.payload.nbytes)
+        chunk_bytes = min(self._chunk_bytes, drop) if drop else self._chunk_bytes
         offer = PayloadOffer(
-            transfer_id, entry.key, entry.header, entry.payload.nbytes, entry.checksum, self._chunk_bytes
+            transfer_id, entry.key, entry.header, entry.payload.nbytes, entry.checksum, chunk_bytes
         )
         connection.post_frame(offer)  # not awaited: the chunks follow at once
+        if drop:  # the first chunk only, then the endpoint goes (ALIGNEDSERVE_TRANSFER_FAULTS)
+            await connection.send_payload(transfer_id, entry.payload.slice(0, drop), chunk_bytes)
+            connection.abort(f"dropped after {drop} of {entry.payload.nbytes} bytes by fault injection")
+            _log.info("fault injection: pull %d of %r dropped after %d bytes", transfer_id, entry.key, drop)
+            return False
         if self._faults.take("stall_sends"):
             await asyncio.Event().wait()
         payload = corrupted_copy(entry.payload) if self._faults.take("corrupt_sends") else entry.payload
@@ -172,6 +179,9 @@ class TransferServer:
             return False
         await connection.send_frame(Ready(offer.transfer_id))
         tap: ChunkTap | None = corrupt_first_chunk if self._faults.take("corrupt_receives") else None
+        drop = self._faults.drop_now()
+        if drop:
+            tap = drop_after(connection, drop, offer.chunk_bytes, offer.nbytes)
         checksum = await connection.receive_payload(offer.transfer_id, destination, offer.chunk_bytes, tap)
         if checksum != offer.checksum:
             await connection.send_frame(Done(offer.transfer_id, ok=False, checksum=checksum))
@@ -179,6 +189,24 @@ class TransferServer:
         sink.commit(offer.key, offer.header, buffer)
         await connection.send_frame(Done(offer.transfer_id, ok=True, checksum=checksum))
         return True
+
+
+def partial_bytes(drop_after_bytes: int, nbytes: int) -> int:
+    """How much of an `nbytes` payload a dropped pull sends: at most half, so it is never whole."""
+    return min(drop_after_bytes, nbytes // 2) if drop_after_bytes else 0
+
+
+def drop_after(connection: Connection, nbytes: int, chunk_bytes: int, total: int) -> ChunkTap:
+    """A tap that closes the connection once `nbytes` of a `total`-byte push have landed (a whole chunk
+    at least), before they are acknowledged: the sender sees a dead peer, the landed bytes are discarded."""
+
+    def tap(index: int, _chunk: ByteView) -> None:
+        landed = min((index + 1) * chunk_bytes, total)
+        if landed >= nbytes or landed == total:
+            connection.abort(f"dropped after {landed} of {total} bytes by fault injection")
+            raise PeerUnavailable(f"push dropped after {landed} of {total} bytes by fault injection")
+
+    return tap
 
 
 def destination_view(buffer: Buffer, nbytes: int) -> ByteView:

@@ -22,8 +22,18 @@ class BatcherSettings(WorkerSettings):
     dynamic_prefetch: bool = Field(
         True, description="also stage waiting requests that fall in a running batch's prefix range"
     )
-    min_batch: int = Field(16, ge=1, description="K_min: requests that saturate a decode worker")
-    max_batch: int = Field(64, ge=1, description="most requests in one batch (a decode worker's max running)")
+    min_batch: int = Field(
+        16,
+        ge=1,
+        description="K_min: requests that saturate a decode worker; batches wait for K_min only while the "
+        "worker has no free slot, else they go out with what waits (docs/batching.md, load-adaptive K_min)",
+    )
+    max_batch: int = Field(
+        64,
+        ge=1,
+        description="most requests in one batch (a decode worker's max running); below it, with blocks to "
+        "spare, a worker has free slots",
+    )
     fill: float = Field(
         0.85, gt=0, le=1, description="share of a decode worker's KV blocks a new batch may take"
     )

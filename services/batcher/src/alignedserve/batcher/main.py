@@ -72,7 +72,7 @@ class Batcher:
         now = time.time()
         if isinstance(message, KvReady):
             self._refresh_staging()  # plans go to live workers only
-            with request_context(message.request_id):
+            with request_context(message.request_id, message.state.client_request_id):
                 log.info("request_waiting", prefix_len=message.prefix_len, blocks=message.blocks)
             plans = self.core.on_kv_ready(message, now)
         elif isinstance(message, DecodeStatus):
@@ -80,7 +80,7 @@ class Batcher:
             plans = self.core.on_status(message, now)
         elif isinstance(message, RequestEvicted) and message.to is None:
             self._refresh_staging()
-            with request_context(message.request_id):
+            with request_context(message.request_id, message.state.client_request_id):
                 log.info("request_back_to_pool", prefix_len=message.prefix_len, blocks=message.blocks)
             plans = self.core.on_evicted_to_pool(message, now)
         else:
@@ -143,7 +143,7 @@ class Batcher:
 def _log_members(plan: BatchPlan) -> None:
     """One line per planned request, under its own id: the plan line above names none of them."""
     for member in plan.requests:
-        with request_context(member.request_id):
+        with request_context(member.request_id, member.state.client_request_id):
             log.info("request_planned", batch_id=plan.batch_id, decode=plan.decode_worker_id,
                      prefix_len=member.prefix_len)  # fmt: skip
 

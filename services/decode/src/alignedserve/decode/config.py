@@ -21,5 +21,10 @@ class DecodeSettings(EngineWorkerSettings):
         ge=0,
         description="device memory for KV pre-pulled from staging workers before admission (0: pull at admission)",
     )
+    worker_timeout_s: float = Field(
+        15.0,
+        gt=0,
+        description="a gateway silent this long is gone: its requests here are cancelled (docs/reliability.md)",
+    )
     transfer_attempts: int = Field(3, ge=1, description="tries per KV pull or push before giving up")
     transfer_timeout_s: float = Field(30.0, gt=0, description="seconds one KV transfer attempt may take")

@@ -10,7 +10,7 @@ I/O, no clocks: the worker applies the engine side (import, export, abort) and p
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -18,6 +18,7 @@ from alignedserve.batching.types import IterationState, ScheduledRequest
 from alignedserve.bus import topics
 from alignedserve.bus.messages import (
     BatchPlan,
+    Cancel,
     CandidateBuffer,
     DecodeStatus,
     FinishReason,
@@ -192,6 +193,16 @@ class DecodeCore:
         self._requests.pop(request_id, None)
         if request_id in self._running:
             self._to_abort.append(request_id)
+
+    def orphan(self, gateway_ids: Collection[str], reason: str) -> list[Cancel]:
+        """Drop every request (running or candidate) of gateways that are gone; a `Cancel` of each, for
+        every service (events topic): the message their gateway would have sent had its client left."""
+        held = [(c.request_id, c.state) for c in self.candidates()]
+        held += [(rid, meta.state) for rid, meta in self._running.items()]
+        orphans = [rid for rid, state in held if state.gateway_id in gateway_ids]
+        for rid in orphans:
+            self.on_gone(rid)
+        return [Cancel(request_id=rid, reason=reason) for rid in orphans]
 
     def take_aborts(self) -> list[str]:
         """Running requests to abort in the engine before the next iteration."""

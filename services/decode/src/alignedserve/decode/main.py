@@ -49,8 +49,9 @@ async def serve(settings: DecodeSettings, loaded: LoadedModel | None = None) -> 
                                 worker.on_decode_topic)  # fmt: skip
         runtime.spawn(worker.run(), "decode-loop")
         runtime.set_ready()
-        log.info("decode_ready", worker_id=settings.worker_id, ucx=address.to_wire(),
-                 total_blocks=engine.allocator.num_blocks, max_num_seqs=settings.max_num_seqs)  # fmt: skip
+        log.info("decode_ready", worker_id=settings.worker_id, dtype=engine.config.dtype,
+                 ucx=address.to_wire(), total_blocks=engine.allocator.num_blocks,
+                 max_num_seqs=settings.max_num_seqs)  # fmt: skip
         await runtime.run_until_drained()
     finally:
         await runtime.close()

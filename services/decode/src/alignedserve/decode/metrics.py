@@ -77,6 +77,11 @@ class DecodeMetrics:
         self.evicted = Counter(
             "alignedserve:decode_evicted_requests_total", "requests evicted", ["to"], registry=registry
         )
+        self.orphaned = Counter(
+            "alignedserve:decode_orphaned_requests_total",
+            "requests cancelled here because their gateway is gone (restarted, stopped or silent)",
+            registry=registry,
+        )
         self.finished = Counter(
             "alignedserve:decode_finished_requests_total", "requests finished", ["reason"], registry=registry
         )

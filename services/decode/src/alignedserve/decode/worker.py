@@ -35,6 +35,7 @@ from alignedserve.bus.messages import (
 from alignedserve.core.blocks import OutOfBlocks
 from alignedserve.decode.config import DecodeSettings
 from alignedserve.decode.core import Candidate, DecodeCore, Publish, RunningProfile
+from alignedserve.decode.gateways import GatewayWatch
 from alignedserve.decode.kv_io import KvMover, LocalPrefetcher, StagedKv
 from alignedserve.decode.metrics import DecodeMetrics
 from alignedserve.decode.publisher import OrderedPublisher
@@ -83,6 +84,7 @@ class DecodeWorker:
         )
         self.publisher = OrderedPublisher(bus, metrics.publish_seconds.observe)
         self.pools: dict[str, KvLocation] = {}  # kvpool worker id -> where its endpoint is
+        self.gateways = GatewayWatch(settings.worker_timeout_s)
         self.iteration = 0
         self._wake = asyncio.Event()
         self._last_status = 0.0
@@ -94,7 +96,7 @@ class DecodeWorker:
             self._publish(self.core.on_plan(message))  # RequestLost of an overtaking failed PrefetchDone
             for planned in message.requests:
                 self._learn_pool(planned.location)
-                with request_context(planned.request_id):
+                with request_context(planned.request_id, planned.state.client_request_id):
                     log.info("candidate_planned", batch_id=message.batch_id, buffer=message.buffer.value)
             log.info("plan_received", batch_id=message.batch_id, buffer=message.buffer.value,
                      size=len(message.requests), staging=message.staging_worker_id)  # fmt: skip
@@ -121,6 +123,9 @@ class DecodeWorker:
                                             ucx_address_key=address))  # fmt: skip
             else:
                 self.pools.pop(message.worker_id, None)
+        elif isinstance(message, WorkerHeartbeat) and self.gateways.heard(message, time.monotonic()):
+            how = "stopped" if message.state is WorkerState.STOPPED else "restarted"
+            self._orphan({message.worker_id}, f"gateway {message.worker_id} {how}")
 
     # --- the loop -------------------------------------------------------------------------------------
 
@@ -139,6 +144,9 @@ class DecodeWorker:
             self.drain.leave()
 
     async def tick(self) -> None:
+        silent = self.gateways.silent(time.monotonic())
+        if silent:
+            self._orphan(silent, "gateway silent")
         ran, scheduling_s = await self._iterate()
         started = time.perf_counter()
         running = self.engine.running_requests()
@@ -207,7 +215,7 @@ class DecodeWorker:
         for output in outputs:
             if output.finished:
                 self.metrics.finished.labels(output.finish_reason or "stop").inc()
-                with request_context(output.request_id):
+                with request_context(output.request_id, self._label(output.request_id)):
                     log.info("request_finished", reason=output.finish_reason or "stop",
                              output_tokens=len(output.output_token_ids))  # fmt: skip
         self.metrics.prefix_spread.observe(profile.spread)
@@ -221,7 +229,7 @@ class DecodeWorker:
     async def _evict_one(self, rid: str, back_to_pool: bool) -> None:
         """Export and push the request's KV, then free it here. When no one takes the KV it stays in the
         engine (whose own scheduler recomputes it if blocks run short) or, when draining, it fails."""
-        with request_context(rid):
+        with request_context(rid, self._label(rid)):
             log.info("request_evicting", back_to_pool=back_to_pool)
             await self._evict_kv(rid, back_to_pool)
 
@@ -263,7 +271,7 @@ class DecodeWorker:
         self.metrics.admission_stall_seconds.observe(time.perf_counter() - started)
 
     async def _import(self, candidate: Candidate, result: StagedKv | BaseException, source: str) -> None:
-        with request_context(candidate.request_id):
+        with request_context(candidate.request_id, candidate.state.client_request_id):
             await self._import_kv(candidate, result, source)
 
     async def _import_kv(self, candidate: Candidate, result: StagedKv | BaseException, source: str) -> None:
@@ -322,15 +330,32 @@ class DecodeWorker:
 
     # --- bus and bookkeeping --------------------------------------------------------------------------
 
+    def _label(self, rid: str) -> str:
+        """The client's X-Request-Id of a running request (for its log lines); "" when unknown."""
+        state = self.core.state_of(rid)
+        return state.client_request_id if state is not None else ""
+
     def _publish(self, messages: Sequence[Publish]) -> None:
         self.publisher.submit(messages)
 
     def _lose(self, rid: str, reason: str) -> None:
         """Forget a request whose KV is gone; its gateway re-prefills it (`RequestLost`)."""
-        with request_context(rid):
+        with request_context(rid, self._label(rid)):
             log.warning("request_lost", reason=reason)
         self.prefetcher.discard(rid)
         self._publish(self.core.lose(rid, reason))
+
+    def _orphan(self, gateway_ids: set[str], reason: str) -> None:
+        """Cancel the requests of gateways that are gone (gateways.py): the engine aborts the running
+        ones before its next step, every other service frees its copies when it reads the Cancel."""
+        cancels = self.core.orphan(gateway_ids, reason)
+        for cancel in cancels:
+            with request_context(cancel.request_id):
+                log.warning("request_orphaned", reason=reason)
+            self.prefetcher.discard(cancel.request_id)
+        self.metrics.orphaned.inc(len(cancels))
+        self._publish([(topics.EVENTS, cancel) for cancel in cancels])
+        self._wake.set()
 
     def _publish_status(self) -> None:
         running = self.engine.running_requests()

@@ -25,6 +25,7 @@ from alignedserve.gateway.admission import Admission, token_budget
 from alignedserve.gateway.backend import (
     BackendBusy,
     BackendError,
+    BackendUnavailable,
     GenerationBackend,
     GenerationRequest,
     RequestRejected,
@@ -253,7 +254,7 @@ async def _start(
     try:
         for index, choice in enumerate(choices):
             request_id = key if len(choices) == 1 else f"{key}-{index}"
-            generations.append(await _start_choice(state, request_id, choice, body.user))
+            generations.append(await _start_choice(state, request_id, choice, body.user, label or ""))
     except BaseException:
         for generation in generations:
             await generation.close("sibling_rejected")
@@ -262,12 +263,12 @@ async def _start(
 
 
 async def _start_choice(
-    state: GatewayState, request_id: str, choice: PlannedChoice, user: str | None
+    state: GatewayState, request_id: str, choice: PlannedChoice, user: str | None, label: str
 ) -> Generation:
     prompt_ids, params = choice.prompt_ids, choice.params
     release = state.admission.admit(len(prompt_ids) + params.max_tokens)
     model = state.settings.model_name
-    gen_request = GenerationRequest(request_id, model, tuple(prompt_ids), params, time.monotonic())
+    gen_request = GenerationRequest(request_id, model, tuple(prompt_ids), params, time.monotonic(), label)
     state.metrics.record_admitted(len(prompt_ids))
     timer = state.metrics.request_timer(gen_request.arrival_time)
     generation = Generation(state.backend, gen_request, state.tokenizer, timer, release)
@@ -279,6 +280,12 @@ async def _start_choice(
     except BackendBusy as exc:
         await generation.close("backend_busy")
         raise state.admission.refuse_busy(str(exc)) from None
+    except BackendUnavailable as exc:
+        await generation.close("backend_unavailable")
+        retry = str(state.settings.retry_after_s)
+        raise APIError(
+            503, f"The server cannot start requests now: {exc}", headers={"Retry-After": retry}
+        ) from None
     except BackendError as exc:
         await generation.close("backend_error")
         raise APIError(500, f"generation failed to start: {exc}") from None

@@ -30,6 +30,10 @@ class BackendBusy(BackendError):
     """The backend cannot take the request now (its connections stayed busy): HTTP 429, retry later."""
 
 
+class BackendUnavailable(BackendError):
+    """What the backend needs (its control bus) does not answer: HTTP 503, retry later."""
+
+
 class RequestRejected(BackendError):
     """The backend refuses this request as given (e.g. it can never fit its KV cache): HTTP 400."""
 
@@ -41,6 +45,7 @@ class GenerationRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams  # max_tokens already resolved against the context length
     arrival_time: float  # time.monotonic() when the gateway accepted it
+    client_request_id: str = ""  # the client's label (X-Request-Id or the body's request_id): logs only
 
 
 @dataclass(frozen=True, slots=True)

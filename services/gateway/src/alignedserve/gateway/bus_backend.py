@@ -11,9 +11,15 @@ The I/O edge around three pure parts:
 submit publishes `PrefillRequest` on the prefill topic; cancel publishes `Cancel` on the events topic,
 which every service reads (blocks are freed everywhere). This gateway beats on the events topic too.
 
-Bus writes go through a bounded number of slots (`max_publishes`, below the Redis client's connection
-pool): a burst of requests waits for a slot instead of opening a connection each, and a request that
-cannot get one within `publish_wait_s` is refused with `BackendBusy` (the gateway's 429), never a 500.
+Bus writes go through a bounded number of slots (`max_publishes`, below the bus's connection pool): a
+burst of requests waits for a slot instead of opening a connection each, and a request that cannot get
+one within `publish_wait_s` — or whose publish finds every pooled connection busy (`BusPoolTimeout`) — is
+refused with `BackendBusy` (the gateway's 429), never a 500.
+
+Broker loss: a subscription that finds the broker lost its data (restarted without storage, flushed)
+tells this backend, which migrates every unfinished request (what it published may be gone); a broker
+that stays away longer than a publish rides out (`BusUnavailable` on this gateway's heartbeat) ends
+every in-flight request with an error instead of leaving its client waiting.
 """
 
 from __future__ import annotations
@@ -21,10 +27,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
-from alignedserve.bus import Bus, ConsumerOptions, Delivery, Subscription, make_bus, topics
+from alignedserve.bus import (
+    Bus,
+    BusPoolTimeout,
+    BusUnavailable,
+    ConsumerOptions,
+    Delivery,
+    Subscription,
+    make_bus,
+    topics,
+)
 from alignedserve.bus.messages import (
     Cancel,
     DecodeStatus,
@@ -41,6 +57,7 @@ from alignedserve.gateway.backend import (
     BackendBusy,
     BackendError,
     BackendStats,
+    BackendUnavailable,
     GenerationRequest,
     TokenDelta,
 )
@@ -54,6 +71,9 @@ from alignedserve.service.sampling import to_spec
 
 log = get_logger(__name__)
 
+# the subscriptions of one gateway each notice one broker loss: one migration of everything per loss
+BUS_LOSS_QUIET_S = 5.0
+
 
 @dataclass(frozen=True)
 class BusBackendOptions:
@@ -63,8 +83,8 @@ class BusBackendOptions:
     heartbeat_interval_s: float = 2.0  # how often this gateway announces itself on the events topic
     max_migrations: int = 3  # re-prefills of one request whose KV or worker was lost, then it fails
     watch_interval_s: float = 0.5  # how often silent workers are looked for (their requests migrate)
-    # redis-py's asyncio pool holds 100 connections and raises past them; the gateway's three readers and
-    # its heartbeat take a few, so 32 concurrent writes stay well inside it.
+    # the bus's connection pool is bounded (Redis: `max_connections`, 64 by default); the gateway's three
+    # readers and its heartbeat take a few, so 32 concurrent writes stay inside it.
     max_publishes: int = 32
     publish_wait_s: float = 5.0  # a new request waits this long for a write slot, then gets its 429
     kv_block_size: int = 16  # tokens per KV block in the decode workers (their engine's default)
@@ -97,6 +117,8 @@ class BusBackend:
         self._beat_seq = 0
         self._started_at = time.time()
         self._write_slots = asyncio.Semaphore(self.options.max_publishes)
+        self._bus_lost_at = float("-inf")  # monotonic time of the last broker loss acted on
+        self._redoing: set[asyncio.Task[None]] = set()  # migrations after a broker loss, under way
 
     @classmethod
     def from_url(cls, url: str, options: BusBackendOptions | None = None) -> BusBackend:
@@ -119,7 +141,7 @@ class BusBackend:
             (topics.EVENTS, gateway_id),
             (topics.BATCHER, f"gateway-{gateway_id}-status"),
         ]
-        latest = ConsumerOptions(start="latest")
+        latest = ConsumerOptions(start="latest", on_broker_loss=self._on_broker_loss)
         self._subscriptions = [
             await self.bus.subscribe(
                 topic, group=group, consumer=gateway_id, handler=self._on_message, options=latest
@@ -145,6 +167,8 @@ class BusBackend:
             with contextlib.suppress(Exception):  # best effort: the broker may be gone already
                 await self._beat(WorkerState.STOPPED)
         self._tasks = []
+        for work in list(self._redoing):
+            work.cancel()
         for request_id in list(self._queues):
             self._abort(request_id)
         for subscription in self._subscriptions:
@@ -190,12 +214,19 @@ class BusBackend:
             sampling=to_spec(request.sampling),
             arrival=arrival,
             gateway_id=self.options.gateway_id,
+            client_request_id=request.client_request_id,
         )
         try:
             await self._publish(topics.PREFILL, message, self.options.publish_wait_s)
         except BackendBusy:
             self._forget(request.request_id)
             raise
+        except BusPoolTimeout as exc:
+            self._forget(request.request_id)
+            raise BackendBusy(str(exc)) from None
+        except BusUnavailable as exc:
+            self._forget(request.request_id)
+            raise BackendUnavailable(f"the control bus does not answer: {exc}") from None
         except Exception as exc:
             self._forget(request.request_id)
             raise BackendError(f"could not publish the request to {topics.PREFILL}: {exc}") from exc
@@ -249,6 +280,8 @@ class BusBackend:
             self._on_finished(message)
         elif isinstance(message, RequestLost):
             await self._apply(self.driver.lost(message))
+        elif isinstance(message, Cancel):
+            await self._apply(self.driver.cancelled(message))
         elif isinstance(message, WorkerHeartbeat):
             if self.cluster.heartbeat(message, time.monotonic()):
                 await self._apply(self.driver.restarted(message.worker_id))
@@ -271,9 +304,44 @@ class BusBackend:
         while True:
             try:
                 await self._beat(WorkerState.READY)
+            except BusUnavailable as exc:  # gone longer than a publish rides out: nothing reaches us
+                log.warning("heartbeat_failed", error=repr(exc))
+                self._fail_in_flight(f"the control bus is unavailable: {exc}")
             except Exception as exc:  # a broker hiccup must not end the heartbeats
                 log.warning("heartbeat_failed", error=repr(exc))
             await asyncio.sleep(self.options.heartbeat_interval_s)
+
+    def _fail_in_flight(self, why: str) -> None:
+        """End every in-flight request with an error (their stack-side state is cancelled once the
+        broker is back: each Cancel waits in a publish of its own)."""
+        if not self._queues:
+            return
+        log.warning("requests_failed_bus_unavailable", requests=len(self._queues), error=why)
+        for request_id in list(self._queues):
+            incarnation = self.router.book.incarnation(request_id) or request_id
+            self._abort(request_id)
+            cancel = Cancel(request_id=incarnation, reason="the control bus was unavailable")
+            self._background(self._publish_quietly(topics.EVENTS, cancel))
+
+    def _on_broker_loss(self, what: str) -> None:
+        """A subscription found the broker's data gone: once per loss, every unfinished request moves."""
+        now = time.monotonic()
+        if now - self._bus_lost_at < BUS_LOSS_QUIET_S:
+            return
+        self._bus_lost_at = now
+        log.warning("bus_data_lost", detail=what, requests=len(self._queues))
+        self._background(self._apply(self.driver.bus_lost(what)))
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._redoing.add(task)
+        task.add_done_callback(self._redoing.discard)
+
+    async def _publish_quietly(self, topic: str, message: Message) -> None:
+        try:
+            await self._publish(topic, message)
+        except Exception as exc:
+            log.warning("publish_failed", topic=topic, type=message.TYPE, error=repr(exc))
 
     async def _beat(self, state: WorkerState) -> None:
         self._beat_seq += 1

@@ -27,6 +27,10 @@ from alignedserve.gateway.backend import GenerationRequest
 KV_LOST = "kv_lost"  # a worker reported its KV lost (RequestLost)
 WORKER_DIED = "worker_died"  # the worker holding it stopped beating without a graceful STOPPED
 PREFILL_DIED = "prefill_died"  # a prefill worker died while the request had no token and no holder yet
+BUS_LOST = "bus_lost"  # the broker lost its data (restarted without storage, flushed): messages are gone
+# another service cancelled a current incarnation: a decode worker took this gateway for gone (its
+# heartbeats held up past the worker's timeout); the request is alive, so it moves
+CANCELLED_ELSEWHERE = "cancelled_elsewhere"
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class Migration:
     max_tokens: int  # original max_tokens - tokens released so far
     offset: int  # tokens released so far: the new incarnation's position 0 is the client's `offset`
     count: int  # migrations of this request, this one included
-    reason: str  # KV_LOST, WORKER_DIED or PREFILL_DIED
+    reason: str  # KV_LOST, WORKER_DIED, PREFILL_DIED, BUS_LOST or CANCELLED_ELSEWHERE
     detail: str
 
 
@@ -154,6 +158,10 @@ class MigrationBook:
     def unheld(self) -> list[str]:
         """Unfinished requests no worker has named itself the holder of (queued or being prefilled)."""
         return [rid for rid, t in self._tracked.items() if not t.finished and t.holder is None]
+
+    def unfinished(self) -> list[str]:
+        """Every request still waiting for tokens, held or not."""
+        return [rid for rid, t in self._tracked.items() if not t.finished]
 
     def lost(self, incarnation: str, reason: str, detail: str) -> Migration | GiveUp | None:
         """A worker reports the incarnation's KV gone; None when it is not a current incarnation."""

@@ -5,7 +5,11 @@ The `MigrationBook` (migration.py) decides one request at a time; this is what a
 - a worker restarted (a beat of a newer process under its id): what it held is gone, so it all moves;
 - the periodic sweep: what silent workers hold moves; and when a prefill worker newly goes silent, so do
   the requests no worker holds yet (queued or being prefilled: one of them may have been its), once per
-  death.
+  death;
+- the broker lost its data (a subscription found its streams or topics gone): any message of any request
+  may have gone with it, so every unfinished request moves;
+- another service cancelled a current incarnation (a decode worker took this gateway for gone: its
+  heartbeats were held up past the worker's timeout): the request is alive, so it moves.
 Each decision becomes a `Move`: the Cancel of the old incarnation (frees its blocks everywhere, stops a
 stale copy) and, unless the book gave up, the new incarnation's `PrefillRequest`.
 """
@@ -20,6 +24,8 @@ from dataclasses import dataclass
 from alignedserve.bus import topics
 from alignedserve.bus.messages import Cancel, Message, PrefillRequest, RequestLost, ServiceKind
 from alignedserve.gateway.migration import (
+    BUS_LOST,
+    CANCELLED_ELSEWHERE,
     KV_LOST,
     PREFILL_DIED,
     WORKER_DIED,
@@ -52,6 +58,15 @@ class MigrationDriver:
     def lost(self, message: RequestLost) -> list[Move]:
         decision = self.book.lost(message.request_id, KV_LOST, f"{message.worker_id}: {message.reason}")
         return self._moves([decision])
+
+    def cancelled(self, message: Cancel) -> list[Move]:
+        """A Cancel of a current incarnation is never this gateway's own (it closes a request, or moves
+        it, before it cancels the old id): another service took this gateway for gone. It moves."""
+        return self._moves([self.book.lost(message.request_id, CANCELLED_ELSEWHERE, message.reason)])
+
+    def bus_lost(self, detail: str) -> list[Move]:
+        """The broker forgot what it held: every unfinished request starts again from what it released."""
+        return self._moves([self.book.migrate(rid, BUS_LOST, detail) for rid in self.book.unfinished()])
 
     def restarted(self, worker_id: str) -> list[Move]:
         """Back before it was missed: what its old process held is gone all the same."""
@@ -105,4 +120,5 @@ class MigrationDriver:
             sampling=to_spec(sampling),
             arrival=tracked.arrival,  # keeps its age in the pool
             gateway_id=self.gateway_id,
+            client_request_id=tracked.request.client_request_id,
         )

@@ -22,3 +22,9 @@ class KvPoolSettings(WorkerSettings):
         "127.0.0.1", description="address other workers reach this pool's UCX endpoint at"
     )
     transfer_port: int = Field(0, ge=0, le=65535, description="UCX listener port (0: any free port)")
+    lease_ttl_s: float = Field(
+        120.0,
+        gt=0,
+        description="an entry not pulled this many seconds after it was stored is freed (its request "
+        "will never be decoded); keep it above the longest wait a live request has in the pool",
+    )

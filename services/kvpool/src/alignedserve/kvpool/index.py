@@ -26,6 +26,7 @@ from alignedserve.bus.messages import (
     KvReady,
     Message,
     RequestEvicted,
+    RequestState,
     ServiceKind,
     WorkerHeartbeat,
     WorkerState,
@@ -108,3 +109,13 @@ def as_kv_ready(evicted: RequestEvicted) -> KvReady:
         state=evicted.state,
         arrival=evicted.arrival,
     )
+
+
+def request_states(message: Message) -> list[tuple[str, RequestState]]:
+    """The requests a batcher-topic message is about, with their state (which carries the client's
+    label: the pool learns its entries' labels from these, a push carries none)."""
+    if isinstance(message, KvReady | RequestEvicted):
+        return [(message.request_id, message.state)]
+    if isinstance(message, BatchPlan):
+        return [(planned.request_id, planned.state) for planned in message.requests]
+    return []

@@ -10,6 +10,9 @@ entry is released once pulled and verified, or when the request is cancelled or 
 The pool also keeps the announcements that made its entries batchable (`PoolIndex`, read from the batcher
 topic in a group of its own) and publishes them again when a batcher (re)starts, so a batcher crash
 loses no waiting request. Its heartbeat carries the bytes it holds and its budget (the gateway's gauge).
+
+Every entry holds a lease (`Leases`): one not pulled within `lease_ttl_s` of being stored is freed, so a
+request that will never be decoded cannot hold pool memory forever.
 """
 
 from __future__ import annotations
@@ -20,15 +23,23 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from alignedserve.bus import ConsumerOptions, Delivery, SeenIds, topics
-from alignedserve.bus.messages import Cancel, Message, RequestFinished, ServiceKind, WorkerHeartbeat
+from alignedserve.bus.messages import (
+    Cancel,
+    KvReady,
+    Message,
+    RequestFinished,
+    ServiceKind,
+    WorkerHeartbeat,
+)
 from alignedserve.kvpool.config import KvPoolSettings
-from alignedserve.kvpool.index import PoolIndex
+from alignedserve.kvpool.index import PoolIndex, request_states
 from alignedserve.service.entry import run_service
 from alignedserve.service.logs import get_logger, request_context
 from alignedserve.service.ops_metrics import register_transfer_metrics
 from alignedserve.service.worker import WorkerRuntime
 from alignedserve.transfer import KVRegistry, TransferEndpoint
 from alignedserve.transfer.kv_store import KvStore, StoreSink
+from alignedserve.transfer.leases import Leases, expire_leases
 from alignedserve.transfer.memory import KvMemory, pool_memory
 
 log = get_logger("alignedserve.kvpool")
@@ -36,15 +47,20 @@ ENDED_IDS = 100_000
 
 
 class PoolStore(KvStore):
-    """The pool's store: `on_release(key)` runs whenever an entry leaves it (pulled, replaced, dropped).
+    """The pool's store: `on_release(key)` runs whenever an entry leaves it (pulled, replaced, dropped);
+    a committed entry holds a lease until then.
 
     Entries are keyed by request id: their arrival and departure are logged under it, so a grep for a
     request finds where its KV waited."""
 
     def __init__(
-        self, budget_bytes: int, on_release: Callable[[str], None], memory: KvMemory | None = None
+        self,
+        budget_bytes: int,
+        on_release: Callable[[str], None],
+        memory: KvMemory | None = None,
+        leases: Leases | None = None,
     ) -> None:
-        super().__init__(budget_bytes, memory)
+        super().__init__(budget_bytes, memory, leases)
         self._on_release = on_release
 
     def commit(self, key: str) -> None:
@@ -53,15 +69,18 @@ class PoolStore(KvStore):
             log.info("kv_stored", used_bytes=self.used_bytes)
 
     def release(self, key: str) -> bool:
+        label = self.leases.label_of(key) if self.leases is not None else ""
         released = super().release(key)
         if released:
-            with request_context(key):
+            with request_context(key, label):
                 log.info("kv_released", used_bytes=self.used_bytes)
             self._on_release(key)
         return released
 
 
-def pool_metrics(registry: CollectorRegistry, store: KvStore, index: PoolIndex) -> tuple[Counter, Counter]:
+def pool_metrics(
+    registry: CollectorRegistry, store: KvStore, index: PoolIndex
+) -> tuple[Counter, Counter, Counter]:
     used = Gauge("alignedserve:kv_pool_used_bytes", "bytes of KV held in the pool", registry=registry)
     used.set_function(lambda: store.used_bytes)
     budget = Gauge("alignedserve:kv_pool_budget_bytes", "the pool's byte budget", registry=registry)
@@ -84,14 +103,39 @@ def pool_metrics(registry: CollectorRegistry, store: KvStore, index: PoolIndex) 
         "KvReady re-sent to a (re)started batcher",
         registry=registry,
     )
-    return stored, reannounced
+    expired = Counter(
+        "alignedserve:kv_pool_lease_expired_total",
+        "entries freed because no one pulled them within the lease TTL",
+        registry=registry,
+    )
+    return stored, reannounced, expired
+
+
+def lease_expired(leases: Leases, expired: Counter) -> Callable[[str, str], None]:
+    """What the pool does about an entry nobody pulled in time, before it frees it: says so."""
+
+    def report(key: str, label: str) -> None:
+        with request_context(key, label):
+            log.warning("kv_lease_expired", ttl_s=leases.ttl_s)
+        expired.inc()
+
+    return report
+
+
+def learn_labels(message: Message, leases: Leases) -> None:
+    """The client's label of this pool's entries, from the announcements (the push carries none)."""
+    for request_id, state in request_states(message):
+        if leases.label(request_id, state.client_request_id) and isinstance(message, KvReady):
+            with request_context(request_id, state.client_request_id):
+                log.info("kv_announced", prefix_len=message.prefix_len)
 
 
 async def serve(settings: KvPoolSettings) -> int:
     registry = CollectorRegistry()
     index = PoolIndex(settings.worker_id)
-    store = PoolStore(int(settings.pool_bytes), on_release=index.forget, memory=pool_memory())
-    stored, reannounced = pool_metrics(registry, store, index)
+    leases = Leases(settings.lease_ttl_s)
+    store = PoolStore(int(settings.pool_bytes), index.forget, pool_memory(), leases)
+    stored, reannounced, expired = pool_metrics(registry, store, index)
     runtime = WorkerRuntime(ServiceKind.KVPOOL, settings, registry)
     runtime.kv_usage = lambda: (store.used_bytes, store.budget_bytes)
     served = KVRegistry()  # what the pool serves now: the entries an announcement may name
@@ -103,6 +147,7 @@ async def serve(settings: KvPoolSettings) -> int:
 
         async def on_batcher_topic(message: Message, _delivery: Delivery) -> None:
             index.on_batcher_topic(message, served)
+            learn_labels(message, leases)
 
         async def on_event(message: Message) -> None:
             if isinstance(message, Cancel | RequestFinished):
@@ -127,12 +172,14 @@ async def serve(settings: KvPoolSettings) -> int:
         await runtime.subscribe_events(on_event)
         address = await endpoint.start(settings.advertise_host, settings.transfer_port)
         runtime.ucx_address = address.to_bytes()
+        runtime.spawn(expire_leases(leases, served, lease_expired(leases, expired)), "lease-expiry")
         runtime.set_ready()
         log.info(
             "kvpool_ready",
             ucx=address.to_wire(),
             budget_bytes=int(settings.pool_bytes),
             memory=store.memory.kind,
+            lease_ttl_s=settings.lease_ttl_s,
         )
         await runtime.run_until_drained()
     finally:

@@ -21,4 +21,11 @@ class PrefillSettings(EngineWorkerSettings):
     staging_bytes: ByteSize = Field(
         ByteSize(2 << 30), gt=0, description="memory for the candidate buffers (staged KV for decode)"
     )
+    staging_lease_ttl_s: float = Field(
+        120.0,
+        gt=0,
+        description="staged KV no decode worker pulled this many seconds after it was staged is freed "
+        "(its request ended where no cancel reached this worker); keep it above the longest wait of an "
+        "evicted request in the candidate request buffer",
+    )
     pool_retry_s: float = Field(0.05, gt=0, description="first back-off when the KV pool is full (doubles)")

@@ -319,6 +319,7 @@ def request_state(request: PrefillRequest, output_token_ids: Sequence[int]) -> R
         prompt_len=len(request.prompt_token_ids),
         output_len=len(output_token_ids),
         recent_token_ids=tuple(output_token_ids[-RECENT_TOKENS:]),
+        client_request_id=request.client_request_id,
     )
 
 

@@ -73,6 +73,8 @@ class PrefillKv:
             self._discard_staged(rid)
             return False
         self.staging_sink.commit(rid, pulled.header, pulled.buffer)
+        if self.staging_sink.store.leases is not None:  # its log lines carry the client's label
+            self.staging_sink.store.leases.label(rid, planned.state.client_request_id)
         return True
 
     def _staging_buffer(self, rid: str) -> DestinationFactory:

@@ -19,6 +19,7 @@ from alignedserve.service.ops_metrics import register_transfer_metrics
 from alignedserve.service.worker import WorkerRuntime
 from alignedserve.transfer import KVRegistry, TransferEndpoint
 from alignedserve.transfer.kv_store import KvStore, StoreSink
+from alignedserve.transfer.leases import Leases, expire_leases
 from alignedserve.transfer.memory import TorchMemory
 
 log = get_logger("alignedserve.prefill")
@@ -31,7 +32,8 @@ async def serve(settings: PrefillSettings) -> int:
     served = KVRegistry()
     # the candidate buffers live in this worker's device memory (the paper's GPU prefetch): a staged
     # batch then moves to the decode GPU device to device; on CPU the same path with device "cpu"
-    staging = KvStore(int(settings.staging_bytes), TorchMemory(settings.device))
+    leases = Leases(settings.staging_lease_ttl_s)  # staged KV nobody pulls is freed in the end
+    staging = KvStore(int(settings.staging_bytes), TorchMemory(settings.device), leases)
     sink = StoreSink(staging, served)
     endpoint = TransferEndpoint(served, sink)
     register_transfer_metrics(registry, lambda: endpoint.client.stats)
@@ -46,9 +48,14 @@ async def serve(settings: PrefillSettings) -> int:
         )
         await runtime.subscribe(topics.PREFILL, topics.PREFILL_GROUP, worker.on_prompt)
         runtime.spawn(worker.prefill_loop(), "prefill-loop")
+        runtime.spawn(expire_leases(leases, served, worker.staged_lease_expired), "staging-lease-expiry")
         runtime.set_ready()
         log.info(
-            "prefill_ready", model=engine.model_id, ucx=address.to_wire(), blocks=engine.allocator.num_blocks
+            "prefill_ready",
+            model=engine.model_id,
+            dtype=engine.config.dtype,
+            ucx=address.to_wire(),
+            blocks=engine.allocator.num_blocks,
         )
         await runtime.run_until_drained()
     finally:

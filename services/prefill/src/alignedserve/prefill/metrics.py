@@ -29,6 +29,11 @@ class PrefillMetrics:
             "requests staged in the candidate buffers",
             registry=registry,
         )
+        self.staged_lease_expired = Counter(
+            "alignedserve:prefill_staged_lease_expired_total",
+            "staged entries freed because no decode worker pulled them within --staging-lease-ttl-s",
+            registry=registry,
+        )
         staged_bytes = Gauge(
             "alignedserve:prefill_staged_bytes",
             "bytes of KV held in the candidate buffers",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from alignedserve.bus import Delivery
+from alignedserve.bus import BusUnavailable, Delivery
 from alignedserve.bus.messages import (
     BatchPlan,
     Cancel,
@@ -84,7 +84,7 @@ class PrefillWorker:
     async def on_prompt(self, message: Message, _delivery: Delivery) -> None:
         if not isinstance(message, PrefillRequest) or not self.core.is_new(message):
             return  # ended, or re-published / redelivered: prefilled once only
-        with request_context(message.request_id):
+        with request_context(message.request_id, message.client_request_id):
             log.info("prompt_received", prompt_tokens=len(message.prompt_token_ids))
             await self._take_prompt(message)
 
@@ -114,7 +114,11 @@ class PrefillWorker:
                 batch = self.core.next_batch()
                 self.metrics.queued.set(len(self.core.queue))
                 self._room.set()
-                await self._prefill(batch)
+                try:
+                    await self._prefill(batch)
+                except BusUnavailable as exc:  # its requests end at their gateway, which lost the bus too
+                    log.warning("prefill_batch_unpublished", requests=[r.request_id for r in batch],
+                                error=str(exc))  # fmt: skip
             self._release_drain()
 
     def _hold_drain(self) -> None:
@@ -173,7 +177,7 @@ class PrefillWorker:
 
     async def _hand_off(self, item: Prefilled[KvExport]) -> None:
         # gathered per request: each hand-off's lines carry its own request id
-        with request_context(item.request.request_id):
+        with request_context(item.request.request_id, item.request.client_request_id):
             await self._hand_off_kv(item)
 
     async def _hand_off_kv(self, item: Prefilled[KvExport]) -> None:
@@ -225,7 +229,7 @@ class PrefillWorker:
         return self.core.pool
 
     async def _fail(self, request: PrefillRequest, error: str) -> None:
-        with request_context(request.request_id):
+        with request_context(request.request_id, request.client_request_id):
             log.warning("prefill_failed", error=error)
         await self._publish(self.core.failed(request, error))
 
@@ -241,13 +245,20 @@ class PrefillWorker:
 
     async def _stage(self, planned: PlannedRequest) -> bool:
         """Pull one request's KV into the candidate buffer (served to decode, released after its pull)."""
-        with request_context(planned.request_id):
+        with request_context(planned.request_id, planned.state.client_request_id):
             action = self.core.stage(planned)
             if action is Stage.HERE:
                 return self.kv.holds(planned.request_id)
             staged = action is Stage.PULL and await self.kv.pull(planned, self.core.ended)
             log.info("kv_staged" if staged else "kv_not_staged", action=action.name.lower())
             return staged
+
+    def staged_lease_expired(self, request_id: str, label: str) -> None:
+        """Staged KV no decode worker pulled in time is about to be freed: its request ended somewhere
+        no cancel reached this worker from (e.g. its gateway died after its KV was reported lost)."""
+        with request_context(request_id, label):
+            log.warning("staged_lease_expired", ttl_s=self.settings.staging_lease_ttl_s)
+        self.metrics.staged_lease_expired.inc()
 
     # --- events ----------------------------------------------------------------------------------------
 

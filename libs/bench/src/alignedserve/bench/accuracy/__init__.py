@@ -1,0 +1,1 @@
+"""`alignedserve bench accuracy`: the reduced-precision accuracy contract (contract.py)."""

@@ -1,0 +1,112 @@
+"""The broker lost mid-load: Redis restarted, SIGKILLed or flushed, on a broker of the suite's own
+(chaos_brokers.py) under the same stack and load as test_chaos.py, with the same checks: 0 hung,
+0 malformed, 0 duplicated or missing tokens, 0 leaked KV blocks.
+
+The broker keeps no data here, so a loss takes the messages not yet handled with it. Publishes ride
+out the outage; the consume loops reconnect and re-create their streams and groups; the gateway
+hears of the loss and migrates its unfinished requests (what it sent may be gone). A request in flight
+may also end with a well-formed error. The broker must be in use again within BACK_IN_USE_S of its return.
+`make test` runs the Redis restart; `make chaos` (CHAOS_ALL=1) every case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from chaos_brokers import DOWN_S, PrivateBroker
+from chaos_load import Row, references
+from chaos_stack import STACK_ENV, ChaosStack, run_all, start_stack
+from test_chaos import MAX_TOKENS, busy_decode, chaos_case, check, migrations
+
+pytestmark = pytest.mark.slow
+full_suite_only = pytest.mark.skipif(not run_all(), reason="in `make chaos` only (CHAOS_ALL=1)")
+
+BACK_IN_USE_S = 10.0  # from the broker's return until a new request completes
+CONSUMERS = ("gateway", "prefill-0", "batcher-0", "kvpool-0", "decode-0", "decode-1")
+
+
+def _stack(broker: PrivateBroker, tmp: pytest.TempPathFactory) -> Iterator[ChaosStack]:
+    stack = start_stack(broker.url, Path(tmp.mktemp(f"chaos-{broker.kind}")), decode=2, env=STACK_ENV)
+    yield stack
+    stack.stop()
+
+
+# class scope: one broker and stack per class, stopped before the next class starts its own
+@pytest.fixture(scope="class")
+def redis_broker() -> Iterator[PrivateBroker]:
+    broker = PrivateBroker.start("redis")
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="class")
+def redis_stack(
+    redis_broker: PrivateBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ChaosStack]:
+    yield from _stack(redis_broker, tmp_path_factory)
+
+
+def log_text(stack: ChaosStack, service: str) -> str:
+    return stack.services[service].log_path.read_text(errors="replace")
+
+
+def broker_loss_case(
+    stack: ChaosStack, fault: str, lose: Callable[[], float], down_s: float, reference: dict[str, str],
+    rows: list[Row],
+) -> Row:  # fmt: skip
+    """Strike once a decode worker is mid-request; the shared checks, the recovery bound, the log lines."""
+    moved = migrations(stack)
+
+    async def inject(s: ChaosStack) -> float:
+        await busy_decode(s)
+        return await asyncio.to_thread(lose)
+
+    case = check(asyncio.run(chaos_case(stack, fault, inject)), reference, rows, recovery_limit_s=None)
+    assert case.recovery_s is not None, "the stack never served again"
+    assert case.recovery_s <= down_s + BACK_IN_USE_S, case
+    gateway = log_text(stack, "gateway")
+    assert '"bus_data_lost"' in gateway, "the gateway never heard of the loss"
+    assert migrations(stack) > moved, "no in-flight request was redone after the loss"
+    redone = [line for line in gateway.splitlines() if '"request_migrated"' in line and "bus_lost" in line]
+    assert redone, "no request_migrated line for the loss"
+    return case
+
+
+class TestRedisLoss:
+    @pytest.fixture(scope="class")
+    def reference(self, redis_stack: ChaosStack) -> dict[str, str]:
+        return asyncio.run(references(redis_stack.url, MAX_TOKENS))
+
+    @staticmethod
+    def lost_streams_logged(stack: ChaosStack) -> None:
+        """Each service's log says which streams and groups it found gone and made again."""
+        silent = [s for s in CONSUMERS if "Redis lost stream" not in log_text(stack, s)]
+        assert not silent, f"no loss logged by {silent}"
+
+    def test_redis_restart_mid_load(
+        self, redis_stack: ChaosStack, redis_broker: PrivateBroker, reference: dict[str, str],
+        chaos_rows: list[Row],
+    ) -> None:  # fmt: skip
+        broker_loss_case(redis_stack, f"Redis restart (SIGTERM, back after {DOWN_S:.0f} s, empty)",
+                         lambda: redis_broker.restart(kill=False), DOWN_S, reference, chaos_rows)  # fmt: skip
+        self.lost_streams_logged(redis_stack)
+
+    @full_suite_only
+    def test_redis_sigkill_mid_load(
+        self, redis_stack: ChaosStack, redis_broker: PrivateBroker, reference: dict[str, str],
+        chaos_rows: list[Row],
+    ) -> None:  # fmt: skip
+        broker_loss_case(redis_stack, f"Redis SIGKILL (back after {DOWN_S:.0f} s, empty)",
+                         lambda: redis_broker.restart(kill=True), DOWN_S, reference, chaos_rows)  # fmt: skip
+        self.lost_streams_logged(redis_stack)
+
+    @full_suite_only
+    def test_redis_flushall_mid_load(
+        self, redis_stack: ChaosStack, redis_broker: PrivateBroker, reference: dict[str, str],
+        chaos_rows: list[Row],
+    ) -> None:  # fmt: skip
+        broker_loss_case(redis_stack, "Redis FLUSHALL", redis_broker.flushall, 0.0, reference, chaos_rows)
+        self.lost_streams_logged(redis_stack)
