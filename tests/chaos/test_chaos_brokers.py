@@ -1,9 +1,9 @@
-"""The broker lost mid-load: Redis restarted, SIGKILLed or flushed, on a broker of the suite's own
-(chaos_brokers.py) under the same stack and load as test_chaos.py, with the same checks: 0 hung,
+"""The broker lost mid-load: Redis restarted, SIGKILLed or flushed, or tansu SIGKILLed, on a broker of the
+suite's own (chaos_brokers.py) under the same stack and load as test_chaos.py, with the same checks: 0 hung,
 0 malformed, 0 duplicated or missing tokens, 0 leaked KV blocks.
 
 The broker keeps no data here, so a loss takes the messages not yet handled with it. Publishes ride
-out the outage; the consume loops reconnect and re-create their streams and groups; the gateway
+out the outage; the consume loops reconnect and re-create their streams (topics) and groups; the gateway
 hears of the loss and migrates its unfinished requests (what it sent may be gone). A request in flight
 may also end with a well-formed error. The broker must be in use again within BACK_IN_USE_S of its return.
 `make test` runs the Redis restart; `make chaos` (CHAOS_ALL=1) every case.
@@ -28,25 +28,26 @@ BACK_IN_USE_S = 10.0  # from the broker's return until a new request completes
 CONSUMERS = ("gateway", "prefill-0", "batcher-0", "kvpool-0", "decode-0", "decode-1")
 
 
-def _stack(broker: PrivateBroker, tmp: pytest.TempPathFactory) -> Iterator[ChaosStack]:
-    stack = start_stack(broker.url, Path(tmp.mktemp(f"chaos-{broker.kind}")), decode=2, env=STACK_ENV)
-    yield stack
-    stack.stop()
-
-
-# class scope: one broker and stack per class, stopped before the next class starts its own
+# class scope: each test class (its KIND) gets one broker and stack, stopped before the next class starts
 @pytest.fixture(scope="class")
-def redis_broker() -> Iterator[PrivateBroker]:
-    broker = PrivateBroker.start("redis")
-    yield broker
-    broker.stop()
+def broker(request: pytest.FixtureRequest) -> Iterator[PrivateBroker]:
+    started = PrivateBroker.start(request.cls.KIND)
+    yield started
+    started.stop()
 
 
 @pytest.fixture(scope="class")
-def redis_stack(
-    redis_broker: PrivateBroker, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ChaosStack]:
-    yield from _stack(redis_broker, tmp_path_factory)
+def stack(broker: PrivateBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosStack]:
+    started = start_stack(
+        broker.url, Path(tmp_path_factory.mktemp(f"chaos-{broker.kind}")), decode=2, env=STACK_ENV
+    )
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="class")
+def reference(stack: ChaosStack) -> dict[str, str]:
+    return asyncio.run(references(stack.url, MAX_TOKENS))
 
 
 def log_text(stack: ChaosStack, service: str) -> str:
@@ -76,9 +77,7 @@ def broker_loss_case(
 
 
 class TestRedisLoss:
-    @pytest.fixture(scope="class")
-    def reference(self, redis_stack: ChaosStack) -> dict[str, str]:
-        return asyncio.run(references(redis_stack.url, MAX_TOKENS))
+    KIND = "redis"
 
     @staticmethod
     def lost_streams_logged(stack: ChaosStack) -> None:
@@ -87,26 +86,44 @@ class TestRedisLoss:
         assert not silent, f"no loss logged by {silent}"
 
     def test_redis_restart_mid_load(
-        self, redis_stack: ChaosStack, redis_broker: PrivateBroker, reference: dict[str, str],
+        self, stack: ChaosStack, broker: PrivateBroker, reference: dict[str, str],
         chaos_rows: list[Row],
     ) -> None:  # fmt: skip
-        broker_loss_case(redis_stack, f"Redis restart (SIGTERM, back after {DOWN_S:.0f} s, empty)",
-                         lambda: redis_broker.restart(kill=False), DOWN_S, reference, chaos_rows)  # fmt: skip
-        self.lost_streams_logged(redis_stack)
+        broker_loss_case(stack, f"Redis restart (SIGTERM, back after {DOWN_S:.0f} s, empty)",
+                         lambda: broker.restart(kill=False), DOWN_S, reference, chaos_rows)  # fmt: skip
+        self.lost_streams_logged(stack)
 
     @full_suite_only
     def test_redis_sigkill_mid_load(
-        self, redis_stack: ChaosStack, redis_broker: PrivateBroker, reference: dict[str, str],
+        self, stack: ChaosStack, broker: PrivateBroker, reference: dict[str, str],
         chaos_rows: list[Row],
     ) -> None:  # fmt: skip
-        broker_loss_case(redis_stack, f"Redis SIGKILL (back after {DOWN_S:.0f} s, empty)",
-                         lambda: redis_broker.restart(kill=True), DOWN_S, reference, chaos_rows)  # fmt: skip
-        self.lost_streams_logged(redis_stack)
+        broker_loss_case(stack, f"Redis SIGKILL (back after {DOWN_S:.0f} s, empty)",
+                         lambda: broker.restart(kill=True), DOWN_S, reference, chaos_rows)  # fmt: skip
+        self.lost_streams_logged(stack)
 
     @full_suite_only
     def test_redis_flushall_mid_load(
-        self, redis_stack: ChaosStack, redis_broker: PrivateBroker, reference: dict[str, str],
+        self, stack: ChaosStack, broker: PrivateBroker, reference: dict[str, str],
         chaos_rows: list[Row],
     ) -> None:  # fmt: skip
-        broker_loss_case(redis_stack, "Redis FLUSHALL", redis_broker.flushall, 0.0, reference, chaos_rows)
-        self.lost_streams_logged(redis_stack)
+        broker_loss_case(stack, "Redis FLUSHALL", broker.flushall, 0.0, reference, chaos_rows)
+        self.lost_streams_logged(stack)
+
+
+KAFKA_LOSS_LINES = ("the broker lost this group's commits", "gone from the broker")
+
+
+@full_suite_only
+class TestKafkaLoss:
+    KIND = "kafka"
+
+    def test_tansu_sigkill_mid_load(
+        self, stack: ChaosStack, broker: PrivateBroker, reference: dict[str, str],
+        chaos_rows: list[Row],
+    ) -> None:  # fmt: skip
+        broker_loss_case(stack, f"tansu SIGKILL (back after {DOWN_S:.0f} s, empty)",
+                         lambda: broker.restart(kill=True), DOWN_S, reference, chaos_rows)  # fmt: skip
+        # each service's log says which topics or group commits it found gone
+        silent = [s for s in CONSUMERS if not any(line in log_text(stack, s) for line in KAFKA_LOSS_LINES)]
+        assert not silent, f"no loss logged by {silent}"

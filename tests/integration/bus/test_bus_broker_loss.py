@@ -18,7 +18,7 @@ from bus_helpers import eventually
 from own_brokers import own_redis, own_tansu
 
 from alignedserve.bus import Bus, BusUnavailable, Delivery, connect_bus
-from alignedserve.bus.base import PUBLISH_OUTAGE_S
+from alignedserve.bus.base import PUBLISH_OUTAGE_S, ConsumerOptions
 from alignedserve.bus.messages import Cancel, Message
 
 RECOVERY_S = 10.0
@@ -101,6 +101,48 @@ async def test_kafka_broker_restart_recreates_topics_and_groups(
     lost = [r.getMessage() for r in caplog.records if "gone from the broker" in r.getMessage()]
     assert lost and topic in lost[0], caplog.text
     print(f"recovered after a tansu restart in {restarted_s:.2f}s")
+
+
+async def test_publishes_after_a_tansu_sigkill_reach_a_recreated_topic_and_the_loss_is_told(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restarted tansu takes produces to a topic it lost, and a topic created after such records refuses
+    produces until as many have failed: a bus whose connection broke checks its topic (creating it again)
+    before its next publish, so a burst right after the restart goes through at once and is handled; the
+    subscription tells `on_broker_loss`."""
+    caplog.set_level(logging.INFO, logger="alignedserve.bus")
+    topic = f"test.loss.{uuid.uuid4().hex}"
+    got: list[str] = []
+    losses: list[str] = []
+
+    async def handler(message: Message, _delivery: Delivery) -> None:
+        assert isinstance(message, Cancel)
+        got.append(message.request_id)
+
+    with own_tansu(tmp_path) as broker:
+        url = f"kafka://127.0.0.1:{broker.port}?{KAFKA_OPTIONS}"
+        consumer, publisher = await connect_bus(url), await connect_bus(url)  # two processes, as in a stack
+        try:
+            options = ConsumerOptions(on_broker_loss=losses.append)
+            sub = await consumer.subscribe(topic, group="g", consumer="c", handler=handler, options=options)
+            await sub.ready()
+            await _publish_until_handled(publisher, topic, got, "before")
+            broker.restart()
+            burst = [f"after-{i}" for i in range(20)]
+            started = time.monotonic()
+            for request_id in burst:  # each publish rides out the broker's return on its own
+                await publisher.publish(topic, Cancel(request_id=request_id))
+            published_s = time.monotonic() - started
+            await eventually(lambda: set(burst) <= set(got), timeout=RECOVERY_S, what="the burst")
+            partitions = await _partition_count(broker.port, topic)
+        finally:
+            await publisher.close()
+            await consumer.close()
+    assert published_s < RECOVERY_S, f"the burst took {published_s:.1f}s: a partition refused produces"
+    assert partitions == 8
+    assert losses, "the subscription never told of the loss"
+    assert "Kafka connection broke" in caplog.text
+    print(f"20 publishes after a tansu SIGKILL in {published_s:.2f}s; losses told: {losses}")
 
 
 async def _partition_count(port: int, topic: str) -> int:

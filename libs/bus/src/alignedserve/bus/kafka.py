@@ -26,7 +26,10 @@ default partition count (tansu: 4). A subscription whose topic is gone from the 
 logs what was lost and reads it from its start once assigned (all it holds came after the loss); so
 does a member that finds no commit of a partition it had before (the commits went with the broker's
 data), which then tells `ConsumerOptions.on_broker_loss`. A topic back with another partition count is
-logged as lost too.
+logged as lost too. tansu also takes produces to a topic it lost, and a topic created after such records
+refuses produces until as many have failed: so a broken connection counts as a possible restart
+(`on_broken_connection`) — the producer checks each topic (creating it again) before its next publish
+there, and a subscription checks its topics, telling `on_broker_loss` of those it had to create again.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from urllib.parse import parse_qsl, urlsplit
 import aiokafka.client
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.conn import CloseReason
 from aiokafka.errors import (
     CommitFailedError,
     IllegalStateError,
@@ -75,6 +79,7 @@ log = logging.getLogger("alignedserve.bus")
 
 METADATA_POLL = Backoff(0.05, attempts=50, factor=1.0)  # a fresh topic's partitions: up to ~2.5 s
 RECREATE_EVERY_S = 1.0  # a subscription tries to create its lost topics again at most this often
+RECREATE_TIMEOUT_S = 2.0  # a topic check or creation unanswered this long is tried again (broker still away)
 COMMIT_TIMEOUT_S = 2.0  # an offset commit unanswered this long is given up (the records may come again)
 
 
@@ -90,6 +95,24 @@ class _ExplicitTopicsOnly(MetadataRequest):  # type: ignore[misc]
 # aiokafka builds its clients' metadata requests from this name and offers no option for it: topics are
 # created by this bus only (`KafkaBus.ensure_topics`), with the configured partitions and retention
 aiokafka.client.MetadataRequest = _ExplicitTopicsOnly
+
+_BROKEN = (CloseReason.CONNECTION_BROKEN, CloseReason.CONNECTION_TIMEOUT)
+
+
+def on_broken_connection(client: aiokafka.client.AIOKafkaClient, react: Callable[[], None]) -> None:
+    """Call `react` whenever one of `client`'s connections to the broker breaks (before it is started).
+
+    A broken connection is the only sign a client gets of a broker that restarted: aiokafka reconnects by
+    itself, and tansu answers produce and fetch on topics it lost without an error. aiokafka hands this
+    callback to each connection it opens and offers no public hook for it."""
+    closed = client._on_connection_closed
+
+    def on_close(conn: object, reason: CloseReason | None) -> None:
+        if reason in _BROKEN:
+            react()
+        closed(conn, reason)
+
+    client._on_connection_closed = on_close
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +242,10 @@ class KafkaBus(Bus):
             request_timeout_ms=self.options.request_timeout_ms,
             **self._client_kwargs,
         )
+        # a restarted broker keeps records produced to a topic it lost, and a topic created after them
+        # then refuses produces until as many have failed (tansu 0.6): after a broken connection, the
+        # next publish first checks its topic and creates it again if the broker lost it
+        on_broken_connection(producer.client, self._recheck_topics)
         try:
             await producer.start()
             await admin.start()
@@ -280,6 +307,12 @@ class KafkaBus(Bus):
         except (KafkaError, OSError) as exc:
             self._forget_topics(f"a publish to {name} failed: {exc!r}")
             raise
+
+    def _recheck_topics(self) -> None:
+        if self._known_topics:
+            log.info("Kafka connection broke: each topic is checked (and created again if the broker lost "
+                     "it) before its next publish")  # fmt: skip
+        self._known_topics.clear()
 
     def _forget_topics(self, why: str) -> None:
         """The broker may have restarted without its storage: the next use of a topic creates it again
@@ -489,8 +522,10 @@ class KafkaSubscription(Subscription):
         self._unsure: set[str] = set()  # topics whose commit got no answer: the broker may have lost them
         self._next_recreate = 0.0
         partitions = self._cluster.partitions_for_topic
-        on_loss = dispatcher.options.on_broker_loss
-        self.listener = _Assignments(self._ready, dispatcher.name, partitions, consumer, on_loss)
+        self._on_loss = dispatcher.options.on_broker_loss
+        self.listener = _Assignments(self._ready, dispatcher.name, partitions, consumer, self._on_loss)
+        # the broker may have restarted without its storage: check that it still has our topics
+        on_broken_connection(consumer._client, lambda: self._unsure.update(self._topics))
 
     async def _run(self) -> None:
         while not self._stopping:
@@ -516,7 +551,14 @@ class KafkaSubscription(Subscription):
             return
         self._next_recreate = time.monotonic() + RECREATE_EVERY_S
         self._unsure.clear()
-        gone = await self._recreate(sorted(suspects))  # only those the broker's topic list lacks
+        try:  # only those the broker's topic list lacks; a broker still away is asked again next round
+            gone = await asyncio.wait_for(self._recreate(sorted(suspects)), RECREATE_TIMEOUT_S)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            self._unsure.update(suspects)
+            log.info(
+                "%s: could not check Kafka topics %s yet: %r", self.dispatcher.name, sorted(suspects), exc
+            )
+            return
         if not gone:
             return
         log.warning(
@@ -527,6 +569,8 @@ class KafkaSubscription(Subscription):
         )
         self._had.difference_update(gone)
         self.listener.rewind.update(gone)  # the rejoin that follows reads them from their start, and says so
+        if self._on_loss is not None:
+            self._on_loss(f"Kafka lost topic(s) {', '.join(gone)}")
         await self._consumer._client.force_metadata_update()
 
     async def _handle(self, tp: TopicPartition, records: Sequence[object]) -> None:
