@@ -16,18 +16,7 @@ from pathlib import Path
 import pytest
 from chaos_load import Row, references
 from chaos_stack import STACK_ENV, ChaosStack, run_all, start_stack
-from test_chaos import (
-    MAX_TOKENS,
-    RECOVERY_LIMIT_S,
-    Inject,
-    chaos_case,
-    check,
-    kill_batcher_mid_load,
-    kill_decode_mid_decode,
-    kill_kvpool_mid_load,
-    kill_prefill_mid_load,
-    migrations,
-)
+from test_chaos import MAX_TOKENS, worker_kill_case
 
 from alignedserve.bus.embedded import start_kafka
 
@@ -52,24 +41,16 @@ def reference(kafka_stack: ChaosStack) -> dict[str, str]:
     return asyncio.run(references(kafka_stack.url, MAX_TOKENS))
 
 
-# (fault, inject, recovery limit): as in test_chaos.py, a dead kvpool's recovery is reported, not bounded
-KILLS: dict[str, tuple[str, Inject, float | None]] = {
-    "decode": ("SIGKILL decode (of 2), Kafka", kill_decode_mid_decode, RECOVERY_LIMIT_S),
-    "prefill": ("SIGKILL prefill (of 1), Kafka", kill_prefill_mid_load, RECOVERY_LIMIT_S),
-    "batcher": ("SIGKILL batcher, Kafka", kill_batcher_mid_load, RECOVERY_LIMIT_S),
-    "kvpool": ("SIGKILL kvpool, Kafka", kill_kvpool_mid_load, None),
+FAULTS = {  # victim -> its row in the report
+    "decode": "SIGKILL decode (of 2), Kafka",
+    "prefill": "SIGKILL prefill (of 1), Kafka",
+    "batcher": "SIGKILL batcher, Kafka",
+    "kvpool": "SIGKILL kvpool, Kafka",
 }
 
 
-@pytest.mark.parametrize("victim", list(KILLS))
+@pytest.mark.parametrize("victim", list(FAULTS))
 def test_sigkill_mid_load_on_kafka(
     victim: str, kafka_stack: ChaosStack, reference: dict[str, str], chaos_rows: list[Row]
 ) -> None:
-    fault, inject, recovery_limit_s = KILLS[victim]
-    moved = migrations(kafka_stack)
-    result = asyncio.run(chaos_case(kafka_stack, fault, inject))
-    case = check(result, reference, chaos_rows, recovery_limit_s)
-    assert case.completed == case.sent
-    assert case.recovery_s is not None, "the stack never served again"
-    if victim == "decode":
-        assert migrations(kafka_stack) > moved, "the victim held no request: the fault missed the load"
+    worker_kill_case(kafka_stack, victim, FAULTS[victim], reference, chaos_rows)

@@ -19,18 +19,7 @@ from pathlib import Path
 import pytest
 from chaos_load import Row, references
 from chaos_stack import ChaosStack, run_all, start_deployment_stack
-from test_chaos import (
-    MAX_TOKENS,
-    RECOVERY_LIMIT_S,
-    Inject,
-    chaos_case,
-    check,
-    kill_batcher_mid_load,
-    kill_decode_mid_decode,
-    kill_kvpool_mid_load,
-    kill_prefill_mid_load,
-    migrations,
-)
+from test_chaos import MAX_TOKENS, worker_kill_case
 
 pytestmark = [
     pytest.mark.slow,
@@ -54,25 +43,16 @@ def reference(one_decode_stack: ChaosStack) -> dict[str, str]:
     return asyncio.run(references(one_decode_stack.url, MAX_TOKENS))
 
 
-# (fault, inject, recovery limit): the kvpool's recovery can be dominated by transfers under way to the
-# dead pool ending only at their attempt timeout (docs/reliability.md), so it is reported, not bounded
-KILLS: dict[str, tuple[str, Inject, float | None]] = {
-    "decode": ("SIGKILL decode (of 1)", kill_decode_mid_decode, RECOVERY_LIMIT_S),
-    "prefill": ("SIGKILL prefill (of 1), 1 decode", kill_prefill_mid_load, RECOVERY_LIMIT_S),
-    "batcher": ("SIGKILL batcher, 1 decode", kill_batcher_mid_load, RECOVERY_LIMIT_S),
-    "kvpool": ("SIGKILL kvpool, 1 decode", kill_kvpool_mid_load, None),
+FAULTS = {  # victim -> its row in the report
+    "decode": "SIGKILL decode (of 1)",
+    "prefill": "SIGKILL prefill (of 1), 1 decode",
+    "batcher": "SIGKILL batcher, 1 decode",
+    "kvpool": "SIGKILL kvpool, 1 decode",
 }
 
 
-@pytest.mark.parametrize("victim", list(KILLS))
+@pytest.mark.parametrize("victim", list(FAULTS))
 def test_sigkill_mid_load_with_one_decode_worker(
     victim: str, one_decode_stack: ChaosStack, reference: dict[str, str], chaos_rows: list[Row]
 ) -> None:
-    fault, inject, recovery_limit_s = KILLS[victim]
-    moved = migrations(one_decode_stack)
-    result = asyncio.run(chaos_case(one_decode_stack, fault, inject))
-    case = check(result, reference, chaos_rows, recovery_limit_s)
-    assert case.completed == case.sent
-    assert case.recovery_s is not None, "the stack never served again"
-    if victim == "decode":
-        assert migrations(one_decode_stack) > moved, "the victim held no request: the fault missed the load"
+    worker_kill_case(one_decode_stack, victim, FAULTS[victim], reference, chaos_rows)

@@ -361,18 +361,24 @@ def json_report(
     }
 
 
+def parse_modes(text: str) -> list[StackMode]:
+    """`aligned,fcfs` -> those modes; ValueError naming the unknown ones."""
+    names = text.split(",")
+    unknown = [m for m in names if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
+    return [MODES[m] for m in names]
+
+
 def main(argv: list[str]) -> int:
     a = parse_args(argv)
     try:
         scale = scale_from(a)
         workloads = select_workloads(scale, a.workloads.split(",") if a.workloads else None)
-        unknown = [m for m in a.modes.split(",") if m not in MODES]
-        if unknown:
-            raise ValueError(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
+        modes = parse_modes(a.modes)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    modes = [MODES[m] for m in a.modes.split(",")]
     launch = StackLaunch(a.log_dir, a.bus, a.prefill, a.decode, a.dtype, a.metrics_base_port)
     runs, failed = run_stack_modes(modes, workloads, scale, launch)
     if not runs.rows:

@@ -30,6 +30,7 @@ from alignedserve.bench.e2e.experiment import (
     StackLaunch,
     add_scale_args,
     mode_ratios,
+    parse_modes,
     run_stack_modes,
     scale_from,
 )
@@ -105,13 +106,10 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"--rounds must be >= 1, got {a.rounds}")
         scale = scale_from(a)
         workloads = select_workloads(scale, a.workloads.split(",") if a.workloads else None)
-        unknown = [m for m in a.modes.split(",") if m not in MODES]
-        if unknown:
-            raise ValueError(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
+        modes = parse_modes(a.modes)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    modes = [MODES[m] for m in a.modes.split(",")]
     launch = StackLaunch(a.log_dir, a.bus, 1, 1, a.dtype, a.metrics_base_port)
     command = "python -m alignedserve.bench.e2e.interleaved " + shlex.join(argv)
     rounds: list[RunSet] = []
