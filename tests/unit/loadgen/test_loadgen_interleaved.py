@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from alignedserve.bench.e2e.experiment import MODES, RunSet
+from alignedserve.bench.e2e.experiment import MODES, RunSet, parse_modes
 from alignedserve.bench.e2e.interleaved import round_order, spread_of, summarize, summary_table
 from alignedserve.bench.e2e.runs import RunRow, RunScale, select_workloads
 
@@ -39,3 +39,29 @@ def test_summary_gives_each_rounds_ratio_and_their_median() -> None:
     assert summary["synthetic95"]["p99_tpot_fcfs_over_aligned"]["median"] == pytest.approx(1.0)
     table = summary_table(summary, workloads)
     assert "| synthetic, 95% short | aligned ÷ fcfs output tok/s | 1.02× | 0.900–1.100 |" in table
+
+
+def test_a_mode_at_a_cpu_layout_is_that_mode_with_the_layout_passed_to_up() -> None:
+    split, aligned = parse_modes("aligned@split,aligned")
+    assert split.name == "aligned@split" and split.policy == "aligned" and split.prefetch
+    assert split.up_args()[-2:] == ["--cpu-layout", "split"]
+    assert aligned.up_args()[-2:] == ["--cpu-layout", "auto"]
+    with pytest.raises(ValueError, match="choose auto or one of"):
+        parse_modes("aligned@spread")
+    with pytest.raises(ValueError, match="unknown mode"):
+        parse_modes("greedy@split")
+
+
+def test_any_two_modes_compare_as_first_over_second() -> None:
+    workloads = select_workloads(RunScale(num_requests=4), ["synthetic95"])
+    rows = [
+        RunRow("aligned@split", "synthetic95", {"output_throughput": 120.0, "p99_tpot_ms": 80.0, "mean_ttft_ms": 500.0}),
+        RunRow("aligned@shared", "synthetic95", {"output_throughput": 100.0, "p99_tpot_ms": 100.0, "mean_ttft_ms": 1000.0}),
+    ]  # fmt: skip
+    pair = ("aligned@split", "aligned@shared")
+    summary = summarize([RunSet(rows, {})], workloads, pair)["synthetic95"]
+    assert summary["throughput_aligned@split_over_aligned@shared"]["median"] == pytest.approx(1.2)
+    assert summary["p99_tpot_aligned@shared_over_aligned@split"]["median"] == pytest.approx(1.25)
+    assert summary["mean_ttft_aligned@split_over_aligned@shared"]["median"] == pytest.approx(0.5)
+    table = summary_table(summarize([RunSet(rows, {})], workloads, pair), workloads, pair)
+    assert "| aligned@split ÷ aligned@shared output tok/s | 1.20× |" in table

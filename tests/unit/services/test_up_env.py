@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from alignedserve.core.cpu_layout import layout_named
 from alignedserve.up import main as up
 from alignedserve.up.config import UpSettings
 
@@ -35,3 +36,17 @@ def test_what_the_user_exported_wins_and_gpus_get_nothing(monkeypatch: pytest.Mo
     monkeypatch.delenv("OMP_WAIT_POLICY")
     gpu = config("cuda")
     assert up.engine_env(gpu, commands(gpu)["decode-0"]) == {}
+
+
+def test_cpu_engines_get_their_layouts_placement_and_the_rest_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    split = commands(up.parse_args(["--cpu-layout", "split", "--log-dir", "/tmp/unused"]))
+    assert split["prefill-0"][-6:] == ["--num-threads", "2", "--cpus", "0,1", "--nice", "0"]
+    assert split["decode-0"][-6:] == ["--num-threads", "2", "--cpus", "2,3", "--nice", "0"]
+    assert "--cpus" not in split["gateway"] and "--cpus" not in split["batcher-0"]
+    auto = commands(config())
+    expected = layout_named("auto")
+    assert auto["prefill-0"][-6:] == expected.place("prefill", [0, 1, 2, 3]).engine_args()
+    assert auto["decode-0"][-6:] == expected.place("decode", [0, 1, 2, 3]).engine_args()
+    gpu = commands(config("cuda"))
+    assert "--cpus" not in gpu["decode-0"] and "--num-threads" not in gpu["prefill-0"]

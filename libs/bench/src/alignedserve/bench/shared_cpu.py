@@ -1,13 +1,15 @@
-"""`alignedserve bench shared-cpu`: two engines on one machine's cores, by OpenMP wait policy.
+"""`alignedserve bench shared-cpu`: two engines on one machine's cores, by CPU layout and wait policy.
 
-What `alignedserve up --device cpu` does: a prefill and a decode engine, each with its own threads,
-share the cores. This times a decode step of a batch alone and beside a second process that prefills
-prompts in a loop, and that process's prefill pass alone and beside the decode steps — once per wait
-policy (each policy in fresh processes: libgomp reads it at start). `machine_used` adds the two
-engines' speeds beside each other as shares of their speeds alone: 1.0 is a perfect split of the cores,
-less means spinning threads burn what the other engine needed.
+What `alignedserve up --device cpu` does: a prefill and a decode engine, each its own process, share the
+cores. This times a decode step of a batch alone on the whole machine, then beside a second process
+that prefills prompts in a loop (that process's pass likewise alone, then beside the decode steps).
+Beside each other both engines run as the layout places them (alignedserve.core.cpu_layout: threads,
+CPU set, niceness); each (layout, wait policy) runs in fresh processes, since libgomp reads its wait
+policy at start. `machine_used` adds the two engines' speeds beside each other as shares of their
+speeds alone on the whole machine: 1.0 is a perfect split of the cores, less means the engines burn
+what the other one needed (spinning threads, oversubscribed cores).
 
-    alignedserve bench shared-cpu --json [--batch 8] [--prefix 256] [--prompt 512] [--threads 2]
+    alignedserve bench shared-cpu --json [--layouts shared,prefill-yields,split] [--policies passive]
 """
 
 from __future__ import annotations
@@ -20,8 +22,12 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict
+from itertools import product
 from multiprocessing.synchronize import Event
 from typing import Any
+
+from alignedserve.core.cpu_layout import LAYOUTS, Placement, Role
 
 # policy name -> environment it runs under; "spin" is libgomp's default (threads spin before sleeping)
 POLICIES: dict[str, dict[str, str]] = {
@@ -37,45 +43,69 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="alignedserve bench shared-cpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--batch", type=int, default=8, help="decode rows (the stack runs ~8 at 16 in flight)")
+    p.add_argument("--dtype", default="float32", help="engine dtype (auto: what the services pick)")
+    p.add_argument("--batch", type=int, default=8, help="decode rows")
     p.add_argument("--prefix", type=int, default=256, help="tokens in each decode row's KV")
     p.add_argument("--prompt", type=int, default=512, help="tokens per prefill pass of the other engine")
     p.add_argument("--steps", type=int, default=25, help="timed decode steps per phase")
-    p.add_argument("--threads", type=int, default=2, help="torch threads of each engine")
-    p.add_argument("--policies", default=",".join(POLICIES), help=f"from {','.join(POLICIES)}")
+    p.add_argument("--layouts", default="shared", help=f"from {','.join(LAYOUTS)}")
+    p.add_argument("--policies", default="passive", help=f"from {','.join(POLICIES)}")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--one", choices=sorted(POLICIES), help=argparse.SUPPRESS)  # a child run
+    p.add_argument("--one", help=argparse.SUPPRESS)  # a child run: "layout/policy"
     return p
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.one is not None:
-        print(json.dumps(measure(args)))
+        print(json.dumps(measure(args, args.one.split("/")[0])))
         return 0
-    names = [n for n in args.policies.split(",") if n]
-    unknown = [n for n in names if n not in POLICIES]
-    if unknown or not names:
-        print(f"bench shared-cpu: error: --policies takes {','.join(POLICIES)}", file=sys.stderr)
+    layouts, policies = _names(args.layouts, LAYOUTS), _names(args.policies, POLICIES)
+    if layouts is None or policies is None:
+        print(f"bench shared-cpu: error: --layouts takes {','.join(LAYOUTS)}; "
+              f"--policies takes {','.join(POLICIES)}", file=sys.stderr)  # fmt: skip
         return 2
-    report = {"batch": args.batch, "prefix": args.prefix, "prompt": args.prompt, "threads": args.threads,
-              "policies": {name: _run_child(name, argv) for name in names}}  # fmt: skip
+    runs = [
+        {"layout": layout, "policy": policy, **_run_child(layout, policy, argv)}
+        for layout, policy in product(layouts, policies)
+    ]
+    report = {"batch": args.batch, "prefix": args.prefix, "prompt": args.prompt, "dtype": args.dtype,
+              "cpus": len(os.sched_getaffinity(0)), "runs": runs}  # fmt: skip
     print(json.dumps(report, indent=2) if args.json else _table(report))
     return 0
 
 
-def _run_child(policy: str, argv: list[str]) -> dict[str, Any]:
+def _names(text: str, known: dict[str, Any]) -> list[str] | None:
+    names = [n for n in text.split(",") if n]
+    return names if names and all(n in known for n in names) else None
+
+
+def _run_child(layout: str, policy: str, argv: list[str]) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in WAIT_VARS}
     env.update(POLICIES[policy], HF_HUB_OFFLINE="1")
-    command = [sys.executable, "-m", "alignedserve.bench.shared_cpu", *argv, "--one", policy]
+    command = [sys.executable, "-m", "alignedserve.bench.shared_cpu", *argv, "--one", f"{layout}/{policy}"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"the {policy} run failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"the {layout}/{policy} run failed:\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def place(placement: Placement) -> None:
+    from alignedserve.engine.placement import place_process
+
+    place_process(placement.threads, placement.cpus, placement.nice)
+
+
+def _placement(layout: str, role: Role, cpus: tuple[int, ...]) -> Placement:
+    return LAYOUTS[layout].place(role, cpus)
+
+
+def _whole_machine(cpus: tuple[int, ...]) -> Placement:
+    return Placement(len(cpus), cpus)
+
+
+def measure(args: argparse.Namespace, layout: str) -> dict[str, Any]:
     import torch
 
     from alignedserve.bench.engine.steps import decode_engine, fill_batch, timed_step
@@ -83,9 +113,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from alignedserve.engine.config import EngineConfig
     from alignedserve.engine.loader import load
 
-    torch.set_num_threads(args.threads)
-    config = EngineConfig(model=args.model, num_threads=args.threads)
-    loaded = load(args.model, torch.float32, "cpu")
+    cpus = tuple(sorted(os.sched_getaffinity(0)))  # the machine, before any placement narrows it
+    place(_whole_machine(cpus))
+    config = EngineConfig(model=args.model, dtype=args.dtype)
+    loaded = load(args.model, getattr(torch, config.dtype), "cpu")
     engine = decode_engine(loaded, config, [args.prefix] * args.batch, 3 * args.steps + 8)
     params = SamplingParams(max_tokens=3 * args.steps + 6, temperature=0.0, ignore_eos=True)
     fill_batch(engine, [list(range(300, 300 + args.prefix))] * args.batch, params, "row")
@@ -94,49 +125,62 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     decode_alone = statistics.median(timed_step(engine, args.batch) for _ in range(args.steps))
 
     ctx = mp.get_context("spawn")
-    ready, stop = ctx.Event(), ctx.Event()
+    ready, beside, stop = ctx.Event(), ctx.Event(), ctx.Event()
     passes = ctx.Queue()
-    other = ctx.Process(target=_prefill_loop, args=(args, ready, stop, passes))
+    other = ctx.Process(target=_prefill_loop, args=(args, layout, cpus, ready, beside, stop, passes))
     other.start()
     ready.wait()
     time.sleep(ALONE_WINDOW_S)
+    place(_placement(layout, "decode", cpus))
+    beside.set()
     beside_from = time.perf_counter()
+    for _ in range(2):
+        timed_step(engine, args.batch)  # the new thread count's first parallel regions
     decode_beside = statistics.median(timed_step(engine, args.batch) for _ in range(args.steps))
     stop.set()
     times: list[tuple[float, float]] = passes.get()
     other.join()
-    alone = [s for t, s in times if beside_from - ALONE_WINDOW_S < t < beside_from]
-    beside = [s for t, s in times if t >= beside_from]
-    if not alone or not beside:
+    alone = [s for t, s in times if beside_from - ALONE_WINDOW_S < t + s < beside_from]
+    beside_passes = [s for t, s in times if t >= beside_from]
+    if not alone or not beside_passes:
         raise RuntimeError("the prefill loop ran no pass in one of the windows: raise --steps")
-    prefill_alone, prefill_beside = statistics.median(alone), statistics.median(beside)
+    prefill_alone, prefill_beside = statistics.median(alone), statistics.median(beside_passes)
     return {
+        "decode_placement": asdict(_placement(layout, "decode", cpus)),
+        "prefill_placement": asdict(_placement(layout, "prefill", cpus)),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(libgomp default)"),
         "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", "(libgomp default)"),
         "decode_step_alone_ms": round(decode_alone * 1e3, 1),
         "decode_step_beside_prefill_ms": round(decode_beside * 1e3, 1),
+        "decode_tokens_per_s_beside": round(args.batch / decode_beside, 1),
         "decode_slowdown": round(decode_beside / decode_alone, 2),
         "prefill_pass_alone_ms": round(prefill_alone * 1e3, 1),
         "prefill_pass_beside_decode_ms": round(prefill_beside * 1e3, 1),
+        "prefill_tokens_per_s_beside": round(args.prompt / prefill_beside, 1),
         "prefill_slowdown": round(prefill_beside / prefill_alone, 2),
         "machine_used": round(decode_alone / decode_beside + prefill_alone / prefill_beside, 2),
     }
 
 
-def _prefill_loop(args: argparse.Namespace, ready: Event, stop: Event, out: Any) -> None:
-    """The other engine: prefill one prompt after another until told to stop; report (start, seconds)."""
-    import torch
-
+def _prefill_loop(args: argparse.Namespace, layout: str, cpus: tuple[int, ...], ready: Event,
+                  beside: Event, stop: Event, out: Any) -> None:  # fmt: skip
+    """The other engine: prefill one prompt after another, alone on the whole machine until `beside`,
+    then as the layout places prefill, until told to stop; report (start, seconds) of every pass."""
     from alignedserve.core.sampling import SamplingParams
     from alignedserve.engine.config import EngineConfig
     from alignedserve.engine.engine import LLMEngine
 
-    torch.set_num_threads(args.threads)
-    engine = LLMEngine(EngineConfig(model=args.model, num_threads=args.threads, kv_cache_bytes=2**28))
+    place(_whole_machine(cpus))
+    config = EngineConfig(model=args.model, dtype=args.dtype, kv_cache_bytes=2**28)
+    engine = LLMEngine(config)
     prompt = list(range(1000, 1000 + args.prompt))
     times: list[tuple[float, float]] = []
+    placed = False
     ready.set()
     while not stop.is_set():
+        if beside.is_set() and not placed:
+            place(_placement(layout, "prefill", cpus))
+            placed = True
         request_id = f"p{len(times)}"
         start = time.perf_counter()
         engine.prefill([(request_id, prompt, SamplingParams(max_tokens=2))])
@@ -146,12 +190,12 @@ def _prefill_loop(args: argparse.Namespace, ready: Event, stop: Event, out: Any)
 
 
 def _table(report: dict[str, Any]) -> str:
-    lines = ["policy  decode alone/beside ms  prefill alone/beside ms  machine used"]
-    for name, r in report["policies"].items():
+    lines = ["layout          policy      decode alone/beside ms  prefill alone/beside ms  machine used"]
+    for r in report["runs"]:
         lines.append(
-            f"{name:7} {r['decode_step_alone_ms']:8.1f} / {r['decode_step_beside_prefill_ms']:<8.1f}"
-            f"    {r['prefill_pass_alone_ms']:8.1f} / {r['prefill_pass_beside_decode_ms']:<8.1f}"
-            f"   {r['machine_used']:.2f}"
+            f"{r['layout']:15} {r['policy']:11} {r['decode_step_alone_ms']:8.1f} / "
+            f"{r['decode_step_beside_prefill_ms']:<8.1f}    {r['prefill_pass_alone_ms']:8.1f} / "
+            f"{r['prefill_pass_beside_decode_ms']:<8.1f}   {r['machine_used']:.2f}"
         )
     return "\n".join(lines)
 

@@ -87,6 +87,8 @@ class EngineConfig:
     staged_kv_bytes: int = 4 * 1024**3  # decode K/V kept contiguous across iterations; 0: gather each one
     timings: bool = False  # record per-iteration linear/attention time split
     num_threads: int | None = None  # torch intra-op threads on CPU (None: leave torch's default)
+    cpus: tuple[int, ...] = ()  # CPUs the process is pinned to on CPU (empty: those it started with)
+    nice: int = 0  # niceness added on CPU (alignedserve.core.cpu_layout: a prefill that yields to decode)
     cache_dir: str | None = (
         None  # dequantized-weight cache (None: $ALIGNEDSERVE_CACHE_DIR or ~/.cache/alignedserve)
     )

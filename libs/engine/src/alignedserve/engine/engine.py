@@ -30,6 +30,7 @@ from alignedserve.engine.kv_export import KvExport, export_kv, import_kv
 from alignedserve.engine.loader import LoadedModel, load
 from alignedserve.engine.model import kv_layout, paged_model
 from alignedserve.engine.penalties import TokenHistory, adjusted_logits
+from alignedserve.engine.placement import place_process
 from alignedserve.engine.request import (
     KvBudgetError,
     PromptTooLongError,
@@ -66,8 +67,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         """`loaded`: an already loaded model (tests share one); by default `config.model` is loaded."""
         self.config = config
-        if config.num_threads is not None and config.device_type == "cpu":
-            torch.set_num_threads(config.num_threads)
+        if config.device_type == "cpu":
+            place_process(config.num_threads, config.cpus, config.nice)
         dtype = _DTYPES[config.dtype]
         self.loaded = loaded or load(config.model, dtype, config.device, config.cache_dir)
         self.device = torch.device(config.device)

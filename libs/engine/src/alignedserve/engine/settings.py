@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import ByteSize, Field, ValidationInfo, field_validator, model_validator
 
 from alignedserve.core.config import WorkerSettings
+from alignedserve.core.cpu_layout import parse_cpus
 from alignedserve.engine.config import EngineConfig, resolve_dtype
 
 
@@ -43,6 +45,11 @@ class EngineWorkerSettings(WorkerSettings):
         " row crossover up, torch's below it and elsewhere",
     )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU; unset: torch's")
+    cpus: str = Field(
+        "",
+        description="CPUs to pin the worker to, as taskset -c takes them (0-3,6); empty: those it started on",
+    )
+    nice: int = Field(0, ge=0, le=19, description="niceness added to the worker on CPU (10: prefill yields)")
     advertise_host: str = Field("127.0.0.1", description="address other workers reach this UCX endpoint at")
     transfer_port: int = Field(0, ge=0, le=65535, description="UCX listener port (0: any free port)")
 
@@ -51,6 +58,14 @@ class EngineWorkerSettings(WorkerSettings):
     def _resolve_auto(cls, dtype: str, info: ValidationInfo) -> str:
         # once, at parse: what the worker reports and logs is the dtype it runs (device comes first)
         return resolve_dtype(dtype, info.data.get("device", "cpu"))
+
+    @field_validator("cpus", mode="after")
+    @classmethod
+    def _cpu_list(cls, cpus: str) -> str:
+        missing = set(parse_cpus(cpus)) - os.sched_getaffinity(0)
+        if missing:
+            raise ValueError(f"CPUs {sorted(missing)} are not available here (`nproc --all`; taskset -pc $$)")
+        return cpus
 
     @model_validator(mode="after")
     def _one_kv_size(self) -> EngineWorkerSettings:
@@ -75,4 +90,6 @@ class EngineWorkerSettings(WorkerSettings):
             decode_backend=self.decode_backend,
             linear_kernel=self.linear_kernel,
             num_threads=self.num_threads,
+            cpus=parse_cpus(self.cpus),
+            nice=self.nice,
         )

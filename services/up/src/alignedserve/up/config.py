@@ -38,6 +38,11 @@ class UpSettings(Settings):
         description="engines: auto (each engine picks bfloat16 where its device computes it natively,"
         " float32 elsewhere), float32 or bfloat16 (cpu); float16 or bfloat16 (cuda)",
     )
+    cpu_layout: Literal["auto", "shared", "prefill-yields", "split"] = Field(
+        "auto",
+        description="CPU engines on this machine's cores: shared (all on all cores), prefill-yields (shared,"
+        " prefill niced), split (each role on its own cores); auto: the measured best (docs/benchmarks.md)",
+    )
     metrics_base_port: int = Field(
         9100, ge=1, le=65535, description="first port of the workers' /health, /ready and /metrics"
     )

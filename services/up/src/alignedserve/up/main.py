@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from alignedserve.bus import embedded
 from alignedserve.core.config import mask_url_password, settings_or_exit_code
+from alignedserve.core.cpu_layout import Role, layout_named
 from alignedserve.up.config import UpSettings
 from alignedserve.up.supervise import CrashLoop, Supervised, Supervisor
 
@@ -53,6 +54,7 @@ def service_commands(cfg: UpSettings, bus_url: str) -> list[tuple[str, int, list
     """(name, health port, argv) for every service, in start order."""
     common = ["--bus", bus_url, "--model", cfg.model, "--deployment", cfg.deployment]
     engine = ["--device", cfg.device, "--dtype", cfg.dtype]
+    placed = cpu_placements(cfg)
     port = iter(range(cfg.metrics_base_port, cfg.metrics_base_port + 1000))
     out: list[tuple[str, int, list[str]]] = []
 
@@ -63,11 +65,19 @@ def service_commands(cfg: UpSettings, bus_url: str) -> list[tuple[str, int, list
     add("kvpool-0", "kvpool", [])
     add("batcher-0", "batcher", ["--policy", cfg.policy, "--prefetch", cfg.prefetch])
     for i in range(cfg.prefill):
-        add(f"prefill-{i}", "prefill", engine)
+        add(f"prefill-{i}", "prefill", engine + placed["prefill"])
     for i in range(cfg.decode):
-        add(f"decode-{i}", "decode", engine)
+        add(f"decode-{i}", "decode", engine + placed["decode"])
     out.append(("gateway", cfg.port, ["gateway", "--host", cfg.host, "--port", str(cfg.port), *common]))
     return out
+
+
+def cpu_placements(cfg: UpSettings) -> dict[Role, list[str]]:
+    """Each engine role's placement flags on this machine's CPUs (none for GPU engines)."""
+    if cfg.device != "cpu":
+        return {"prefill": [], "decode": []}
+    layout, cpus = layout_named(cfg.cpu_layout), sorted(os.sched_getaffinity(0))
+    return {role: layout.place(role, cpus).engine_args() for role in ("prefill", "decode")}
 
 
 def ensure_broker(bus: str | None) -> tuple[embedded.EmbeddedBroker | None, str]:

@@ -16,7 +16,7 @@ import json
 import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from alignedserve.bench.e2e.runs import (
     select_workloads,
 )
 from alignedserve.bench.e2e.servers import ServerProcess, ServerStartError, free_port
+from alignedserve.core.cpu_layout import layout_named
 from alignedserve.loadgen.records import RequestRecord
 from alignedserve.loadgen.scrape import counter_delta, decode_stats, scrape
 
@@ -54,9 +55,11 @@ class StackMode:
     label: str  # row label in the table
     policy: str  # the batcher's batch-formation policy
     prefetch: bool  # the batcher stages formed batches ahead of time
+    cpu_layout: str = "auto"  # alignedserve.core.cpu_layout: where the CPU engines run
 
     def up_args(self) -> list[str]:
-        return ["--policy", self.policy, "--prefetch", "on" if self.prefetch else "off"]
+        prefetch = "on" if self.prefetch else "off"
+        return ["--policy", self.policy, "--prefetch", prefetch, "--cpu-layout", self.cpu_layout]
 
 
 MODES = {
@@ -167,18 +170,33 @@ def mode_ratios(runs: RunSet, workload: str) -> dict[str, float | None]:
         return None if row is None else row.get(key)
 
     return {
-        "throughput_aligned_over_fcfs": safe_ratio(
-            value("aligned", "output_throughput"), value("fcfs", "output_throughput")
-        ),
-        "p99_tpot_fcfs_over_aligned": safe_ratio(
-            value("fcfs", "p99_tpot_ms"), value("aligned", "p99_tpot_ms")
-        ),
-        "mean_ttft_aligned_over_fcfs": safe_ratio(
-            value("aligned", "mean_ttft_ms"), value("fcfs", "mean_ttft_ms")
-        ),
+        **pair_ratios(runs, workload, "aligned", "fcfs"),
         "throughput_prefetch_on_over_off": safe_ratio(
             value("aligned", "output_throughput"), value("aligned-noprefetch", "output_throughput")
         ),
+    }
+
+
+def pair_ratios(runs: RunSet, workload: str, first: str, second: str) -> dict[str, float | None]:
+    """Mode `first` against `second`: each ratio > 1 where `first` did better, except mean TTFT."""
+
+    def ratio(key: str, top: str, bottom: str) -> float | None:
+        a, b = runs.row(top, workload), runs.row(bottom, workload)
+        return None if a is None or b is None else safe_ratio(a.get(key), b.get(key))
+
+    return {
+        f"throughput_{first}_over_{second}": ratio("output_throughput", first, second),
+        f"p99_tpot_{second}_over_{first}": ratio("p99_tpot_ms", second, first),
+        f"mean_ttft_{first}_over_{second}": ratio("mean_ttft_ms", first, second),
+    }
+
+
+def pair_labels(first: str, second: str) -> dict[str, str]:
+    """pair_ratios' keys -> what the table calls them."""
+    return {
+        f"throughput_{first}_over_{second}": f"{first} ÷ {second} output tok/s",
+        f"p99_tpot_{second}_over_{first}": f"{second} ÷ {first} P99 TPOT",
+        f"mean_ttft_{first}_over_{second}": f"{first} ÷ {second} mean TTFT",
     }
 
 
@@ -362,12 +380,22 @@ def json_report(
 
 
 def parse_modes(text: str) -> list[StackMode]:
-    """`aligned,fcfs` -> those modes; ValueError naming the unknown ones."""
+    """`aligned,fcfs` -> those modes; `MODE@LAYOUT` runs a mode with that CPU layout (`aligned@split`).
+    ValueError naming the unknown ones."""
     names = text.split(",")
-    unknown = [m for m in names if m not in MODES]
+    unknown = [m for m in names if m.partition("@")[0] not in MODES]
     if unknown:
-        raise ValueError(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
-    return [MODES[m] for m in names]
+        raise ValueError(f"unknown mode(s) {unknown}; choose from {list(MODES)}, each optionally @LAYOUT")
+    return [_mode(name) for name in names]
+
+
+def _mode(name: str) -> StackMode:
+    base, _, layout = name.partition("@")
+    if not layout:
+        return MODES[base]
+    layout_named(layout)  # ValueError naming the layouts
+    mode = MODES[base]
+    return replace(mode, name=name, label=f"{mode.label}, {layout} cores", cpu_layout=layout)
 
 
 def main(argv: list[str]) -> int:

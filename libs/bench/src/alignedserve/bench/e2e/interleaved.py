@@ -1,4 +1,4 @@
-"""Aligned vs fcfs on the same stack, interleaved: the median ratio over rounds, not one run's.
+"""Two modes of the same stack, interleaved: the median ratio over rounds, not one run's.
 
 One run of each mode (`make bench-e2e`) compares two moments of a shared machine; a ratio near 1.0 is
 then within the noise. Here every round brings the stack up in each mode in turn, in alternating
@@ -6,6 +6,7 @@ order (aligned, fcfs, fcfs, aligned, ...: a drift in the machine's load hits bot
 same workloads, and the per-round ratios are reported with their median and range.
 
     python -m alignedserve.bench.e2e.interleaved --rounds 3 --num-requests 24 --json out.json
+    python -m alignedserve.bench.e2e.interleaved --modes aligned@prefill-yields,aligned@shared  # CPU layouts
 
 Nothing is written into the docs; the JSON holds every run's summary and the per-round ratios.
 """
@@ -29,7 +30,8 @@ from alignedserve.bench.e2e.experiment import (
     RunSet,
     StackLaunch,
     add_scale_args,
-    mode_ratios,
+    pair_labels,
+    pair_ratios,
     parse_modes,
     run_stack_modes,
     scale_from,
@@ -38,12 +40,7 @@ from alignedserve.bench.e2e.runs import BenchWorkload, RunScale, select_workload
 
 T = TypeVar("T")
 
-# the ratios a round yields (experiment.mode_ratios), with the label they get in the table
-RATIOS = {
-    "throughput_aligned_over_fcfs": "aligned ÷ fcfs output tok/s",
-    "p99_tpot_fcfs_over_aligned": "fcfs ÷ aligned P99 TPOT",
-    "mean_ttft_aligned_over_fcfs": "aligned ÷ fcfs mean TTFT",
-}
+ALIGNED_VS_FCFS = ("aligned", "fcfs")
 
 
 def round_order(contenders: Sequence[T], round_index: int) -> list[T]:
@@ -59,22 +56,26 @@ def spread_of(values: Sequence[float | None]) -> dict[str, float | None]:
     return {"median": statistics.median(known), "min": min(known), "max": max(known)}
 
 
-def summarize(rounds: Sequence[RunSet], workloads: Sequence[BenchWorkload]) -> dict[str, Any]:
-    """Per workload: each ratio per round, and its median and range over the rounds."""
+def summarize(
+    rounds: Sequence[RunSet], workloads: Sequence[BenchWorkload], pair: tuple[str, str] = ALIGNED_VS_FCFS
+) -> dict[str, Any]:
+    """Per workload: each ratio of the pair's modes per round, and its median and range over the rounds."""
     out: dict[str, Any] = {}
     for workload in workloads:
-        per_round = [mode_ratios(runs, workload.name) for runs in rounds]
+        per_round = [pair_ratios(runs, workload.name, *pair) for runs in rounds]
         out[workload.name] = {
             key: {"rounds": [r[key] for r in per_round], **spread_of([r[key] for r in per_round])}
-            for key in RATIOS
+            for key in pair_labels(*pair)
         }
     return out
 
 
-def summary_table(summary: dict[str, Any], workloads: Sequence[BenchWorkload]) -> str:
+def summary_table(
+    summary: dict[str, Any], workloads: Sequence[BenchWorkload], pair: tuple[str, str] = ALIGNED_VS_FCFS
+) -> str:
     cells = []
     for workload in workloads:
-        for key, label in RATIOS.items():
+        for key, label in pair_labels(*pair).items():
             s = summary[workload.name][key]
             rounds = ", ".join(fmt(v, 3) for v in s["rounds"])
             span = f"{fmt(s['min'], 3)}–{fmt(s['max'], 3)}"
@@ -89,7 +90,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--rounds", type=int, default=3, help="times each mode runs (alternating order)")
-    p.add_argument("--modes", default="aligned,fcfs", help=f"two of {','.join(MODES)}")
+    p.add_argument(
+        "--modes", default="aligned,fcfs", help=f"two of {','.join(MODES)}, each optionally @LAYOUT"
+    )
     p.add_argument("--json", type=Path, default=None, help="write every run and the ratios here")
     p.add_argument("--bus", default=None, help="control bus URL for `alignedserve up` (default: local Redis)")
     p.add_argument("--dtype", default="float32")
@@ -107,11 +110,14 @@ def main(argv: list[str]) -> int:
         scale = scale_from(a)
         workloads = select_workloads(scale, a.workloads.split(",") if a.workloads else None)
         modes = parse_modes(a.modes)
+        if len(modes) != 2:
+            raise ValueError(f"--modes takes two modes, got {len(modes)}")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     launch = StackLaunch(a.log_dir, a.bus, 1, 1, a.dtype, a.metrics_base_port)
     command = "python -m alignedserve.bench.e2e.interleaved " + shlex.join(argv)
+    pair = (modes[0].name, modes[1].name)
     rounds: list[RunSet] = []
     failed: list[str] = []
     for index in range(a.rounds):
@@ -120,8 +126,9 @@ def main(argv: list[str]) -> int:
         rounds.append(runs)
         failed += [f"round {index + 1}: {f}" for f in not_started]
         if a.json is not None:  # after every round: a run cut short still leaves the rounds it finished
-            a.json.write_text(json.dumps(json_report(command, scale, rounds, workloads, failed), indent=2))
-    table = summary_table(summarize(rounds, workloads), workloads)
+            report = json_report(command, scale, rounds, workloads, failed, pair)
+            a.json.write_text(json.dumps(report, indent=2))
+    table = summary_table(summarize(rounds, workloads, pair), workloads, pair)
     print(f"{command}\n{scale.describe()}\n\n{table}")
     return 1 if failed else 0
 
@@ -132,13 +139,14 @@ def json_report(
     rounds: Sequence[RunSet],
     workloads: Sequence[BenchWorkload],
     failed: list[str],
+    pair: tuple[str, str],
 ) -> dict[str, Any]:
     return {
         "command": command,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "scale": asdict(scale),
         "failed": failed,
-        "ratios": summarize(rounds, workloads),
+        "ratios": summarize(rounds, workloads, pair),
         "runs": [[asdict(r) for r in runs.rows] for runs in rounds],
     }
 

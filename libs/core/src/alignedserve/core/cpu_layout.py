@@ -1,0 +1,115 @@
+"""Where each CPU engine of one machine runs: its torch threads, its CPU set and its scheduling priority.
+
+`alignedserve up --device cpu` starts prefill and decode engines as separate processes on one machine's
+cores. A layout places each engine by role; which layout serves best is measured by
+`alignedserve bench shared-cpu` (docs/benchmarks.md), and `auto` is what that measurement chose.
+Pure: the caller applies a placement (`os.sched_setaffinity`, `os.nice`, `--num-threads`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+Role = Literal["prefill", "decode"]
+
+# A niced prefill engine runs on what decode leaves: on Linux each nice step is ~1.25x less CPU share,
+# so at 10 a runnable decode thread gets ~9x the time of a runnable prefill thread on the same core.
+PREFILL_NICE = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    threads: int  # torch intra-op threads
+    cpus: tuple[int, ...]  # the CPU set the process is pinned to
+    nice: int = 0  # added to the launcher's niceness
+
+    def engine_args(self) -> list[str]:
+        """The prefill/decode worker flags that apply this placement."""
+        return [
+            "--num-threads",
+            str(self.threads),
+            "--cpus",
+            format_cpus(self.cpus),
+            "--nice",
+            str(self.nice),
+        ]
+
+
+def parse_cpus(text: str) -> tuple[int, ...]:
+    """A CPU list as `taskset -c` takes it ("0-3,6") -> (0, 1, 2, 3, 6); "" -> (). ValueError if bad."""
+    cpus: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()) or int(high or low) < int(low):
+            raise ValueError(f"bad CPU list item {part!r}: write CPUs as taskset -c takes them, e.g. 0-3,6")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return tuple(sorted(cpus))
+
+
+def format_cpus(cpus: Sequence[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+class CpuLayout(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def summary(self) -> str: ...
+
+    def place(self, role: Role, cpus: Sequence[int]) -> Placement: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """Every engine on every core with a thread per core; the OS shares the cores between them."""
+
+    name: str = "shared"
+    summary: str = "all engines on all cores, a thread per core"
+
+    def place(self, role: Role, cpus: Sequence[int]) -> Placement:
+        return Placement(len(cpus), tuple(cpus))
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillYields:
+    """As `shared`, with prefill at a lower priority: a decode step waits for no prefill pass."""
+
+    name: str = "prefill-yields"
+    summary: str = f"all engines on all cores, prefill at nice {PREFILL_NICE}"
+
+    def place(self, role: Role, cpus: Sequence[int]) -> Placement:
+        return Placement(len(cpus), tuple(cpus), PREFILL_NICE if role == "prefill" else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """Each role on its own cores: decode takes the larger half, prefill the rest (one core: shared)."""
+
+    name: str = "split"
+    summary: str = "decode pinned to ceil(n/2) cores, prefill to the others"
+
+    def place(self, role: Role, cpus: Sequence[int]) -> Placement:
+        if len(cpus) < 2:
+            return Shared().place(role, cpus)
+        prefill_count = len(cpus) // 2
+        own = tuple(cpus[:prefill_count]) if role == "prefill" else tuple(cpus[prefill_count:])
+        return Placement(len(own), own)
+
+
+LAYOUTS: dict[str, CpuLayout] = {layout.name: layout for layout in (Shared(), PrefillYields(), Split())}
+# What `alignedserve bench shared-cpu` measured best on the machines we have (docs/benchmarks.md,
+# "Engines sharing one machine's CPU").
+AUTO = "prefill-yields"
+
+
+def layout_named(name: str) -> CpuLayout:
+    """`auto` or a name of LAYOUTS; ValueError naming the choices."""
+    key = AUTO if name == "auto" else name
+    if key not in LAYOUTS:
+        raise ValueError(f"unknown CPU layout {name!r}; choose auto or one of {', '.join(LAYOUTS)}")
+    return LAYOUTS[key]

@@ -1,0 +1,72 @@
+"""alignedserve.core.cpu_layout: where each CPU engine runs, by role, on any number of cores."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from alignedserve.core.cpu_layout import (
+    AUTO,
+    LAYOUTS,
+    PREFILL_NICE,
+    Placement,
+    format_cpus,
+    layout_named,
+    parse_cpus,
+)
+
+cpu_sets = st.lists(st.integers(0, 255), min_size=1, max_size=64, unique=True).map(sorted)
+
+
+@given(cpu_sets)
+def test_every_layout_gives_each_role_threads_for_exactly_its_own_cpus(cpus: list[int]) -> None:
+    for layout in LAYOUTS.values():
+        prefill, decode = layout.place("prefill", cpus), layout.place("decode", cpus)
+        for placement in (prefill, decode):
+            assert placement.cpus and set(placement.cpus) <= set(cpus)
+            assert placement.threads == len(placement.cpus)
+
+
+@given(cpu_sets)
+def test_split_gives_decode_the_larger_half_and_never_shares_a_core(cpus: list[int]) -> None:
+    split = layout_named("split")
+    prefill, decode = split.place("prefill", cpus), split.place("decode", cpus)
+    if len(cpus) == 1:
+        assert prefill.cpus == decode.cpus == tuple(cpus)
+        return
+    assert not set(prefill.cpus) & set(decode.cpus)
+    assert set(prefill.cpus) | set(decode.cpus) == set(cpus)
+    assert len(decode.cpus) - len(prefill.cpus) in (0, 1)
+
+
+def test_only_prefill_yields_and_only_in_its_layout() -> None:
+    cpus = [0, 1, 2, 3]
+    assert layout_named("prefill-yields").place("prefill", cpus) == Placement(4, (0, 1, 2, 3), PREFILL_NICE)
+    assert layout_named("prefill-yields").place("decode", cpus).nice == 0
+    assert layout_named("shared").place("prefill", cpus) == Placement(4, (0, 1, 2, 3), 0)
+
+
+def test_auto_is_one_of_the_layouts_and_an_unknown_name_lists_the_choices() -> None:
+    assert layout_named("auto") is LAYOUTS[AUTO]
+    with pytest.raises(ValueError, match="choose auto or one of shared, prefill-yields, split"):
+        layout_named("spread")
+
+
+def test_a_placement_becomes_the_worker_flags() -> None:
+    assert Placement(2, (4, 5), 10).engine_args() == ["--num-threads", "2", "--cpus", "4,5", "--nice", "10"]
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [("", ()), ("3", (3,)), ("0-3,6", (0, 1, 2, 3, 6)), (" 5, 1-2 ,", (1, 2, 5)), ("2-2", (2,))],
+)
+def test_cpu_lists_read_as_taskset_writes_them(text: str, cpus: tuple[int, ...]) -> None:
+    assert parse_cpus(text) == cpus
+    assert parse_cpus(format_cpus(cpus)) == cpus
+
+
+@pytest.mark.parametrize("text", ["a", "3-1", "-2", "1-", "1.5", "0-3-5"])
+def test_a_bad_cpu_list_says_how_to_write_one(text: str) -> None:
+    with pytest.raises(ValueError, match="as taskset -c takes them"):
+        parse_cpus(text)
