@@ -149,13 +149,15 @@ class OptModel:
 
 
 def rms_norm(module: Any, x: torch.Tensor) -> torch.Tensor:
-    """transformers' RMSNorm of the Llama family (weight * x / sqrt(mean(x^2) + eps)) as torch's one
-    fused op in float32: bit-identical there, in one call instead of seven. Other dtypes keep the module,
-    which rounds to the input dtype before the weight multiply."""
-    if x.dtype != torch.float32:
-        out: torch.Tensor = module(x)
-        return out
-    return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
+    """transformers' RMSNorm of the Llama family (weight * x / sqrt(mean(x^2) + eps), computed in float32)
+    with torch's one fused op for the float32 part: bit-identical to the module, in four calls (two in
+    float32) where the module makes eight. Other dtypes round to the input dtype before the weight
+    multiply, as the module does."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
+    normed = F.rms_norm(x.float(), (x.shape[-1],), None, module.variance_epsilon)
+    out: torch.Tensor = module.weight * normed.to(x.dtype)
+    return out
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

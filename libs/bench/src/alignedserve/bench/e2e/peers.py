@@ -299,7 +299,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--install-only", action="store_true", help="install the peers and exit")
     p.add_argument("--rounds", type=int, default=3, help="times each server runs, order alternating")
     p.add_argument("--bus", default=None, help="control bus URL for `alignedserve up` (default: local Redis)")
-    p.add_argument("--dtype", default="float32", help="AlignedServe's engine dtype")
+    p.add_argument("--dtype", default="auto", help="AlignedServe's engine dtype (auto: as `make run`)")
     p.add_argument("--log-dir", type=Path, default=Path("var/log/bench-peers"))
     add_scale_args(p)
     return p.parse_args(argv)
