@@ -105,7 +105,7 @@ gpu-wheels:
 bench: setup
 	$(BIN)/alignedserve bench batching --json
 	$(BIN)/alignedserve bench engine --json
-	$(BIN)/alignedserve bench shared-cpu --json
+	$(BIN)/alignedserve bench shared-cpu --dtype auto --layouts shared,prefill-yields,split --json
 	$(BIN)/alignedserve bench transfer --json
 	$(BIN)/alignedserve bench bus --json
 	$(BIN)/alignedserve bench stack --json

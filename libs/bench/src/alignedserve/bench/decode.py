@@ -142,8 +142,8 @@ async def run_mode(
     )
     planned = await feed.prefill(tag, prefetch, gateway)
     port = free_port()
-    settings = DecodeSettings(worker_id=worker_id, bus=bus_url, model="bench-llama", block_size=BLOCK,
-                              num_kv_blocks=args.kv_blocks, max_num_seqs=args.batch, metrics_port=port,
+    settings = DecodeSettings(worker_id=worker_id, bus=bus_url, model="bench-llama", dtype="float32",
+                              block_size=BLOCK, num_kv_blocks=args.kv_blocks, max_num_seqs=args.batch, metrics_port=port,
                               log_level="warning", local_prefetch_bytes=1 << 30 if prefetch else 0)  # fmt: skip
     task = asyncio.create_task(serve(settings, loaded))
     await asyncio.sleep(2.0)  # model wrap, endpoint and subscriptions up

@@ -372,7 +372,7 @@ class Stack:
         self.gateway_id = f"bench-gw-{tag}"
         config = engine_config(args, loaded.model_id, args.batch)
         self.settings = DecodeSettings(worker_id=f"bench-decode-{tag}", bus=bus_url, model=loaded.model_id,
-                                       block_size=args.block_size, num_kv_blocks=config.num_blocks,
+                                       dtype=config.dtype, block_size=args.block_size, num_kv_blocks=config.num_blocks,
                                        max_num_seqs=args.batch, num_threads=args.threads, metrics_port=free_port(),
                                        log_level="warning", local_prefetch_bytes=0)  # fmt: skip
         self.registry = CollectorRegistry()

@@ -147,8 +147,11 @@ def _group_attention(
     new_kv: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> torch.Tensor:
     key, value = kv.group_kv(cache, layer, index, group, new_kv)  # each [G, kvh, L, d]
-    if query.device.type == "cpu":
+    if query.device.type == "cpu" and query.dtype == torch.float32:
         return grouped_query_attention(query, key, value, group.mask, scale)
+    # The reference call shape (transformers' SDPA decode): in bfloat16 on CPU the stacked-heads call
+    # rounds differently in ~5 % of outputs (14 of 300 random cases, AMX host), which cost the accuracy
+    # contract's greedy agreement 84 % against transformers; this call matches it bit for bit.
     out = F.scaled_dot_product_attention(
         query.unsqueeze(2), key, value, attn_mask=group.mask, scale=scale, enable_gqa=True
     )  # [G, heads, 1, d]

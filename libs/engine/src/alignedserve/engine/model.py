@@ -78,8 +78,7 @@ class LlamaFamilyModel:
             q = q.view(tokens, self.heads, self.head_dim)
             k = k.view(tokens, self.kv_heads, self.head_dim)
             v = v.view(tokens, self.kv_heads, self.head_dim)
-            q = q * cos + _rotate_half(q) * sin  # same arithmetic as transformers' apply_rotary_pos_emb
-            k = k * cos + _rotate_half(k) * sin
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
             o = attention(index, q, k, v, self.scale)  # [T, heads, d]
             h = h + linear(attn.o_proj, o.reshape(tokens, self.heads * self.head_dim))
             x = rms_norm(layer.post_attention_layernorm, h)
@@ -158,6 +157,12 @@ def rms_norm(module: Any, x: torch.Tensor) -> torch.Tensor:
     normed = F.rms_norm(x.float(), (x.shape[-1],), None, module.variance_epsilon)
     out: torch.Tensor = module.weight * normed.to(x.dtype)
     return out
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, d]; cos, sin: [T, 1, d] -> x at its positions (transformers' apply_rotary_pos_emb
+    arithmetic, op for op)."""
+    return x * cos + _rotate_half(x) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
