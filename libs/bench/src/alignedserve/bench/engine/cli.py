@@ -143,6 +143,10 @@ def run(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         "roofline_fraction": [],
         "load_s": {},
     }
+    if not args.no_roofline:
+        from alignedserve.bench.engine.roofline import measure_read_bandwidth
+
+        report["read_gb_s"] = round(measure_read_bandwidth(), 2)
     started = time.perf_counter()
     for dtype in settings.dtypes:
         loaded = load(args.model, getattr(torch, dtype), "cpu")
@@ -244,7 +248,10 @@ def _rooflines(shapes: Any, batches: list[int], dtype: str) -> list[dict[str, An
 
 
 def _fractions(report: dict[str, Any], shapes: Any, dtype: str) -> list[dict[str, Any]]:
-    """Engine FLOP rate (2 x params + attention per token) against the roofline at the same batch."""
+    """Engine FLOP rate (2 x params + attention per token) against the matmul roofline at the same batch,
+    and the bytes its steps read (weights once a step, each row's K/V) against the read bandwidth."""
+    import torch
+
     roofs = {(r["dtype"], r["batch"]): r for r in report["roofline"]}
     rows = []
     for case in report["cases"]:
@@ -253,6 +260,8 @@ def _fractions(report: dict[str, Any], shapes: Any, dtype: str) -> list[dict[str
             continue
         flops = shapes.flops_per_token(case["prefix"])
         engine_gflops = case["engine_tok_s"] * flops / 1e9
+        step_bytes = shapes.bytes_per_step(case["batch"], case["prefix"], getattr(torch, dtype).itemsize)
+        engine_gb_s = case["engine_tok_s"] / case["batch"] * step_bytes / 1e9
         rows.append(
             {
                 "dtype": dtype,
@@ -263,6 +272,9 @@ def _fractions(report: dict[str, Any], shapes: Any, dtype: str) -> list[dict[str
                 "fraction_of_linear_roofline": round(engine_gflops / roof["linear_gflops"], 3),
                 "fraction_of_peak_shape": round(engine_gflops / roof["peak_gflops"], 3),
                 "engine_over_linear_bound_tok_s": round(case["engine_tok_s"] / roof["linear_bound_tok_s"], 3),
+                "bytes_per_step": step_bytes,
+                "engine_gb_s": round(engine_gb_s, 2),
+                "fraction_of_read_bandwidth": round(engine_gb_s / report["read_gb_s"], 3),
             }
         )
     return rows

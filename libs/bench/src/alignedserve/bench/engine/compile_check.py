@@ -134,7 +134,8 @@ def _whole_model(dtype: Any) -> str:
     try:
         engine.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=2, temperature=0.0))
     except Exception as exc:  # what dynamo/inductor refuse is the finding
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        return f"{type(exc).__name__}: {' '.join(lines[:2])[:300]}"  # inductor puts the cause second
     return "ok"
 
 

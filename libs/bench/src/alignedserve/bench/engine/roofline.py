@@ -1,9 +1,11 @@
-"""This machine's matmul roofline at a model's own linear shapes, and the FLOPs one decode token costs.
+"""This machine's matmul and memory rooflines at a model's own shapes, and what one decode step costs.
 
 A decode iteration at batch B multiplies a [B, in] activation by every linear weight [out, in] (the LM
 head included). Timing `F.linear` at exactly those shapes gives the best time the linear part of an
 iteration can take here; its FLOPs over that time is the roofline the engine's big-batch throughput is
-compared with (the engine also does attention, norms and sampling, so it stays below it).
+compared with (the engine also does attention, norms and sampling, so it stays below it). A step
+also reads every weight once and each row's K/V: over the machine's read bandwidth (the best time to sum
+a tensor far larger than the caches) that is the memory roofline.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class LinearShapes:
 
     counts: dict[tuple[int, int], int]
     attention_flops_per_key: int  # FLOPs per token per attended key: 4 * layers * heads * head_dim
+    kv_elements_per_key: int  # K and V elements one attended key holds: 2 * layers * kv_heads * head_dim
 
     @property
     def linear_flops_per_token(self) -> int:
@@ -35,6 +38,11 @@ class LinearShapes:
     def flops_per_token(self, context: int) -> int:
         """2 x linear parameters + attention (QK^T and PV) over `context` keys."""
         return self.linear_flops_per_token + self.attention_flops_per_key * context
+
+    def bytes_per_step(self, batch: int, context: int, element_bytes: int) -> int:
+        """Every linear weight read once, and each row's K/V over `context` keys."""
+        weights = sum(out * inp * n for (out, inp), n in self.counts.items())
+        return (weights + batch * context * self.kv_elements_per_key) * element_bytes
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,9 @@ def linear_shapes(model: nn.Module) -> LinearShapes:
     config: Any = model.config
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return LinearShapes(dict(counts), 4 * config.num_hidden_layers * heads * head_dim)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    layers = config.num_hidden_layers
+    return LinearShapes(dict(counts), 4 * layers * heads * head_dim, 2 * layers * kv_heads * head_dim)
 
 
 def measure_roofline(shapes: LinearShapes, batch: int, dtype: torch.dtype, repeats: int = 9) -> Roofline:
@@ -84,6 +94,12 @@ def measure_roofline(shapes: LinearShapes, batch: int, dtype: torch.dtype, repea
         peak = max(peak, 2 * batch * out * inp / seconds / 1e9)
     flops = shapes.linear_flops_per_token * batch
     return Roofline(batch, str(dtype).removeprefix("torch."), total_s, flops / total_s / 1e9, peak)
+
+
+def measure_read_bandwidth(megabytes: int = 512, repeats: int = 9) -> float:
+    """GB/s of reading a float32 tensor of `megabytes` (far past any cache), best of `repeats` sums."""
+    x = torch.ones(megabytes * 2**20 // 4)
+    return x.numel() * 4 / _best_seconds(torch.sum, (x,), repeats) / 1e9
 
 
 def _packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
