@@ -127,7 +127,7 @@ def start_stack(
     cmd = [
         sys.executable, "-m", "alignedserve.core.cli", "up", "--port", str(port), "--bus", bus_url,
         "--prefill", str(prefill), "--decode", str(decode), "--metrics-base-port", str(metrics_base),
-        "--log-dir", str(log_dir), *extra,
+        "--log-dir", str(log_dir), "--dtype", "float32", *extra,  # float32: exact parity with the offline engine
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.Popen(

@@ -26,7 +26,7 @@ def offline_answer() -> str:
     """What the engine alone answers, greedy (`alignedserve generate --chat`)."""
     out = subprocess.run(
         [sys.executable, "-m", "alignedserve.core.cli", "generate", "--chat", "--prompt", QUESTION,
-         "--max-tokens", str(MAX_TOKENS)],
+         "--max-tokens", str(MAX_TOKENS), "--dtype", "float32"],  # as the stack: exact parity, any host
         capture_output=True, text=True, check=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip
     return out.stdout.rstrip("\n")

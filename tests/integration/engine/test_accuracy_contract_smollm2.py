@@ -2,7 +2,7 @@
 
 float32 keeps its exact-parity tests (test_greedy_parity.py, test_generate_cli.py); this is the contract
 that replaces bit-parity for bfloat16 (docs/benchmarks.md, "Accuracy contract", which also has the full
-prompt set's figure: below the contract on a CPU without native bfloat16)."""
+prompt set's figures)."""
 
 from __future__ import annotations
 
