@@ -76,6 +76,15 @@ def broker_loss_case(
     return case
 
 
+# Redis fault -> (its row in the report, how the broker loses its data, seconds it stays away)
+REDIS_FAULTS: dict[str, tuple[str, Callable[[PrivateBroker], float], float]] = {
+    "restart": (f"Redis restart (SIGTERM, back after {DOWN_S:.0f} s, empty)",
+                lambda broker: broker.restart(kill=False), DOWN_S),
+    "sigkill": (f"Redis SIGKILL (back after {DOWN_S:.0f} s, empty)", lambda broker: broker.restart(kill=True), DOWN_S),
+    "flushall": ("Redis FLUSHALL", lambda broker: broker.flushall(), 0.0),
+}  # fmt: skip
+
+
 class TestRedisLoss:
     KIND = "redis"
 
@@ -85,29 +94,16 @@ class TestRedisLoss:
         silent = [s for s in CONSUMERS if "Redis lost stream" not in log_text(stack, s)]
         assert not silent, f"no loss logged by {silent}"
 
-    def test_redis_restart_mid_load(
-        self, stack: ChaosStack, broker: PrivateBroker, reference: dict[str, str],
+    @pytest.mark.parametrize(
+        "fault", ["restart", pytest.param("sigkill", marks=full_suite_only),
+                  pytest.param("flushall", marks=full_suite_only)],
+    )  # fmt: skip
+    def test_redis_loss_mid_load(
+        self, fault: str, stack: ChaosStack, broker: PrivateBroker, reference: dict[str, str],
         chaos_rows: list[Row],
     ) -> None:  # fmt: skip
-        broker_loss_case(stack, f"Redis restart (SIGTERM, back after {DOWN_S:.0f} s, empty)",
-                         lambda: broker.restart(kill=False), DOWN_S, reference, chaos_rows)  # fmt: skip
-        self.lost_streams_logged(stack)
-
-    @full_suite_only
-    def test_redis_sigkill_mid_load(
-        self, stack: ChaosStack, broker: PrivateBroker, reference: dict[str, str],
-        chaos_rows: list[Row],
-    ) -> None:  # fmt: skip
-        broker_loss_case(stack, f"Redis SIGKILL (back after {DOWN_S:.0f} s, empty)",
-                         lambda: broker.restart(kill=True), DOWN_S, reference, chaos_rows)  # fmt: skip
-        self.lost_streams_logged(stack)
-
-    @full_suite_only
-    def test_redis_flushall_mid_load(
-        self, stack: ChaosStack, broker: PrivateBroker, reference: dict[str, str],
-        chaos_rows: list[Row],
-    ) -> None:  # fmt: skip
-        broker_loss_case(stack, "Redis FLUSHALL", broker.flushall, 0.0, reference, chaos_rows)
+        row, lose, down_s = REDIS_FAULTS[fault]
+        broker_loss_case(stack, row, lambda: lose(broker), down_s, reference, chaos_rows)
         self.lost_streams_logged(stack)
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
-from alignedserve.core.cpu_layout import layout_named
+from alignedserve.core.cpu_layout import LAYOUTS, layout_named
 from alignedserve.up import main as up
 from alignedserve.up.config import UpSettings
 
@@ -50,3 +51,8 @@ def test_cpu_engines_get_their_layouts_placement_and_the_rest_none(monkeypatch: 
     assert auto["decode-0"][-6:] == expected.place("decode", [0, 1, 2, 3]).engine_args()
     gpu = commands(config("cuda"))
     assert "--cpus" not in gpu["decode-0"] and "--num-threads" not in gpu["prefill-0"]
+
+
+def test_up_offers_exactly_the_layouts_there_are() -> None:
+    choices = get_args(UpSettings.model_fields["cpu_layout"].annotation)
+    assert set(choices) == {"auto", *LAYOUTS}

@@ -58,9 +58,6 @@ class CpuLayout(Protocol):
     @property
     def name(self) -> str: ...
 
-    @property
-    def summary(self) -> str: ...
-
     def place(self, role: Role, cpus: Sequence[int]) -> Placement: ...
 
 
@@ -69,7 +66,6 @@ class Shared:
     """Every engine on every core with a thread per core; the OS shares the cores between them."""
 
     name: str = "shared"
-    summary: str = "all engines on all cores, a thread per core"
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Placement(len(cpus), tuple(cpus))
@@ -80,7 +76,6 @@ class PrefillYields:
     """As `shared`, with prefill at a lower priority: a decode step waits for no prefill pass."""
 
     name: str = "prefill-yields"
-    summary: str = f"all engines on all cores, prefill at nice {PREFILL_NICE}"
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Placement(len(cpus), tuple(cpus), PREFILL_NICE if role == "prefill" else 0)
@@ -91,7 +86,6 @@ class Split:
     """Each role on its own cores: decode takes the larger half, prefill the rest (one core: shared)."""
 
     name: str = "split"
-    summary: str = "decode pinned to ceil(n/2) cores, prefill to the others"
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         if len(cpus) < 2:
@@ -102,8 +96,8 @@ class Split:
 
 
 LAYOUTS: dict[str, CpuLayout] = {layout.name: layout for layout in (Shared(), PrefillYields(), Split())}
-# What `alignedserve bench shared-cpu` measured best on the machines we have (docs/benchmarks.md,
-# "Engines sharing one machine's CPU").
+# The layout that served the most tokens per second on the stack, interleaved against the others
+# (docs/benchmarks.md, "Engines sharing one machine's CPU"); `alignedserve up --cpu-layout` overrides it.
 AUTO = "prefill-yields"
 
 

@@ -164,16 +164,10 @@ def run_mode(
 
 def mode_ratios(runs: RunSet, workload: str) -> dict[str, float | None]:
     """aligned vs fcfs and prefetch on vs off, from one workload's rows (None where a row is missing)."""
-
-    def value(mode: str, key: str) -> float | None:
-        row = runs.row(mode, workload)
-        return None if row is None else row.get(key)
-
+    prefetch = pair_ratios(runs, workload, "aligned", "aligned-noprefetch")
     return {
         **pair_ratios(runs, workload, "aligned", "fcfs"),
-        "throughput_prefetch_on_over_off": safe_ratio(
-            value("aligned", "output_throughput"), value("aligned-noprefetch", "output_throughput")
-        ),
+        "throughput_prefetch_on_over_off": prefetch["throughput_aligned_over_aligned-noprefetch"],
     }
 
 
