@@ -147,15 +147,28 @@ def _group_attention(
     new_kv: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> torch.Tensor:
     key, value = kv.group_kv(cache, layer, index, group, new_kv)  # each [G, kvh, L, d]
-    if query.device.type == "cpu" and query.dtype == torch.float32:
+    if _stacked_heads(query):
         return grouped_query_attention(query, key, value, group.mask, scale)
-    # The reference call shape (transformers' SDPA decode): in bfloat16 on CPU the stacked-heads call
-    # rounds differently in ~5 % of outputs (14 of 300 random cases, AMX host), which cost the accuracy
-    # contract's greedy agreement 84 % against transformers; this call matches it bit for bit.
     out = F.scaled_dot_product_attention(
         query.unsqueeze(2), key, value, attn_mask=group.mask, scale=scale, enable_gqa=True
     )  # [G, heads, 1, d]
     return out.squeeze(2)
+
+
+def _stacked_heads(query: torch.Tensor) -> bool:
+    """Whether a group's call stacks its query heads (`grouped_query_attention`) or makes transformers'
+    own SDPA call. query: [G, heads, d].
+
+    CPU float32: stacked, always (exact parity with transformers holds either way). CPU reduced
+    precision: transformers' call for a one-row group, where it is the accuracy contract's reference bit
+    for bit (the stacked call rounds differently in ~5 % of bfloat16 outputs, which cost greedy agreement
+    84 % vs 100 % at batch 1); stacked for more rows, where batching has already changed the rounding of
+    every matmul and transformers' call costs ~7x as much (its flash kernel makes two oneDNN calls per
+    row and head: 1.5 vs 0.22 ms per layer at 16 rows x 256 keys, AMX host, docs/benchmarks.md). CUDA:
+    transformers' call (its fused kernels)."""
+    if query.device.type != "cpu":
+        return False
+    return query.dtype == torch.float32 or query.shape[0] > 1
 
 
 def grouped_query_attention(

@@ -52,6 +52,11 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return auto_dtype(device_type, _host_cpu_flags())
 
 
+def native_cpu_bfloat16() -> bool:
+    """Whether this host's CPU computes bfloat16 natively (BF16_CPU_FLAGS)."""
+    return bool(_host_cpu_flags() & BF16_CPU_FLAGS)
+
+
 def _host_cpu_flags() -> frozenset[str]:
     try:
         return cpu_flags(Path("/proc/cpuinfo").read_text())

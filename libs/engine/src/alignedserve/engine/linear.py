@@ -1,21 +1,24 @@
 """How the lean forward multiplies by a linear layer's weight: a strategy chosen once per engine.
 
-- `TorchLinear`: the module itself (`F.linear`). Used on CUDA, for bfloat16 and wherever oneDNN is
-  missing. (One GEMM over q/k/v's concatenated weight instead of three was no faster here: 0.97-1.04x
+- `TorchLinear`: the module itself (`F.linear`). Used on CUDA, for bfloat16 on a CPU without native
+  bfloat16, and wherever oneDNN is missing. (One GEMM over q/k/v's concatenated weight instead of three was no faster here: 0.97-1.04x
   of three `F.linear` calls at 1-64 rows in float32, interleaved.)
-- `PackedCpuLinear`: float32 on CPU. Every weight is also kept in oneDNN's blocked ("packed") layout,
+- `PackedCpuLinear`: float32 on CPU, and bfloat16 where the CPU computes it natively. Every weight is also kept in oneDNN's blocked ("packed") layout,
   made once at load, and every forward calls oneDNN's linear on it. `F.linear` repacks the weight inside
   every call, a large share of the work at decode's row counts. Measured on this 2-core CPU over all of
   SmolLM2's linears, interleaved in one process (docs/engine.md): 1.4-1.9x faster at 1-128 rows,
   1.36-1.46x at 192-256, 1.2x at 1024-2048 (prefill chunks). Results agree with `F.linear` to ~1e-6
-  relative (a different summation order). Projections that read the same input (q/k/v; gate/up)
+  relative (a different summation order). In bfloat16 (AMX host) they equal `F.linear` bit for bit
+  (every projection shape of SmolLM2, 1-69 and up to 1,000 rows), so the accuracy contract's batch-1
+  parity with transformers holds, and they are 1.6-3.5x faster at 1-16 rows (docs/benchmarks.md,
+  Engine). Projections that read the same input (q/k/v; gate/up)
   are packed as one concatenated weight and run as one call (`many`): one pass over the input, and
   fewer, larger GEMMs.
 
 The packed copies cost the weights' size again in host memory; they are made once per loaded model and
 shared by every engine built on it.
 
-- `RowTunedLinear` ("auto" on CPU float32): packed from a row count up, the torch module below. On
+- `RowTunedLinear` ("auto" where packing is available): packed from a row count up, the torch module below. On
   another host the packed weights were slower at one row (16.1 vs 21.9 tok/s at batch 1) and faster
   from 4, so the crossover is measured per host (`linear_crossover.py`).
 """
@@ -29,7 +32,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from alignedserve.engine.config import LINEAR_KERNELS
+from alignedserve.engine.config import LINEAR_KERNELS, native_cpu_bfloat16
 from alignedserve.engine.linear_crossover import Probe, host_key, min_packed_rows
 
 # Row count the packed layout is tuned for (oneDNN picks its blocking from it); decode batches here.
@@ -130,8 +133,12 @@ _PACKED: weakref.WeakKeyDictionary[Any, PackedCpuLinear] = weakref.WeakKeyDictio
 
 
 def packed_available(dtype: torch.dtype, device: torch.device) -> bool:
+    """float32 on any CPU with oneDNN; bfloat16 only where the CPU computes it natively (elsewhere
+    oneDNN's bfloat16 path is emulated, and `auto` runs float32 there anyway)."""
     onednn = bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
-    return device.type == "cpu" and dtype == torch.float32 and onednn
+    if device.type != "cpu" or not onednn:
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and native_cpu_bfloat16())
 
 
 def linear_kernel(hf_model: Any, name: str = "auto", groups: list[FusedGroup] | None = None) -> LinearKernel:
@@ -145,7 +152,10 @@ def linear_kernel(hf_model: Any, name: str = "auto", groups: list[FusedGroup] | 
     if name == "torch" or (name == "auto" and not available):
         return TorchLinear()
     if not available:
-        raise ValueError("onednn_packed needs float32 weights on a CPU with oneDNN (mkldnn) in torch")
+        raise ValueError(
+            "onednn_packed needs float32 weights (or bfloat16 on a CPU with amx_bf16 or avx512_bf16) on a"
+            " CPU with oneDNN (mkldnn) in torch; use --linear torch or auto"
+        )
     modules = [m for m in hf_model.modules() if isinstance(m, nn.Linear)]
     kernel = _PACKED.get(hf_model)
     if kernel is None:
@@ -153,10 +163,12 @@ def linear_kernel(hf_model: Any, name: str = "auto", groups: list[FusedGroup] | 
         _PACKED[hf_model] = kernel
     if name == "onednn_packed":
         return kernel
-    return RowTunedLinear(kernel, _min_packed_rows(kernel, modules, groups or []))
+    return RowTunedLinear(kernel, _min_packed_rows(kernel, modules, groups or [], weight.dtype))
 
 
-def _min_packed_rows(packed: PackedCpuLinear, modules: list[nn.Linear], groups: list[FusedGroup]) -> int:
+def _min_packed_rows(
+    packed: PackedCpuLinear, modules: list[nn.Linear], groups: list[FusedGroup], dtype: torch.dtype
+) -> int:
     """The host's crossover for this model's projections (all of them, as one decode step runs them)."""
     grouped = {id(m) for group in groups for m in group}
     units: list[FusedGroup] = [(m,) for m in modules if id(m) not in grouped] + list(groups)
@@ -169,4 +181,4 @@ def _min_packed_rows(packed: PackedCpuLinear, modules: list[nn.Linear], groups: 
         (partial(torch_kernel.many, same[0]), partial(packed.many, same[0]), shape[1], len(same))
         for shape, same in by_shape.items()
     ]
-    return min_packed_rows(host_key(shapes), probes)
+    return min_packed_rows(host_key(shapes, dtype), probes, dtype)

@@ -34,10 +34,10 @@ def cache_path() -> Path:
     return cache_root() / "linear-crossover.json"
 
 
-def host_key(shapes: list[tuple[int, int]]) -> str:
-    """What the answer depends on: the CPU (model name and instruction sets), torch, its thread count
-    and the projections' shapes."""
-    digest = hashlib.sha256(repr((_cpu_identity(), sorted(shapes))).encode()).hexdigest()[:16]
+def host_key(shapes: list[tuple[int, int]], dtype: torch.dtype = torch.float32) -> str:
+    """What the answer depends on: the CPU (model name and instruction sets), torch, its thread count,
+    the weights' dtype and the projections' shapes."""
+    digest = hashlib.sha256(repr((_cpu_identity(), str(dtype), sorted(shapes))).encode()).hexdigest()[:16]
     return f"{KEY_VERSION}|torch {torch.__version__}|threads {torch.get_num_threads()}|{digest}"
 
 
@@ -50,23 +50,23 @@ Probe = tuple[Call, Call, int, int]
 _KNOWN: dict[str, int] = {}  # this process's answers: later engines of the same model skip the file
 
 
-def min_packed_rows(key: str, probes: list[Probe]) -> int:
+def min_packed_rows(key: str, probes: list[Probe], dtype: torch.dtype = torch.float32) -> int:
     """Fewest rows from which the packed kernel is used: known for `key` (in this process or on disk),
-    else measured and stored."""
+    else measured (inputs in `dtype`, the weights') and stored."""
     if key not in _KNOWN:
         path = cache_path()
         stored = _read(path).get(key)
-        _KNOWN[key] = stored if isinstance(stored, int) else _store(path, key, measure(probes))
+        _KNOWN[key] = stored if isinstance(stored, int) else _store(path, key, measure(probes, dtype))
     return _KNOWN[key]
 
 
-def measure(probes: list[Probe]) -> int:
+def measure(probes: list[Probe], dtype: torch.dtype = torch.float32) -> int:
     """Smallest row count from which packed is at least as fast, summed over every probe, at each
     larger count measured. Above the largest count (prefill chunks) packed is used."""
     packed_wins: list[bool] = []
     with torch.inference_mode():
         for rows in ROW_COUNTS:
-            inputs = {n: torch.randn(rows, n) for n in {p[2] for p in probes}}
+            inputs = {n: torch.randn(rows, n, dtype=dtype) for n in {p[2] for p in probes}}
             t_torch = t_packed = 0.0
             for torch_call, packed_call, n, weight in probes:
                 best_torch, best_packed = _best_pair(torch_call, packed_call, inputs[n])
