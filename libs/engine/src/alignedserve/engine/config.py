@@ -12,6 +12,7 @@ DTYPES_BY_DEVICE: dict[str, tuple[str, ...]] = {
 ATTENTION_STRATEGIES = ("auto", "padded", "bucketed", "per_sequence")
 DECODE_BACKENDS = ("auto", "torch", "triton", "reference")  # see alignedserve.engine.decode_backend
 LINEAR_KERNELS = ("auto", "torch", "onednn_packed")  # see alignedserve.engine.linear
+PREFILL_ORDERS = ("fcfs", "shortest")  # see alignedserve.engine.scheduler
 DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 AUTO_DTYPE = "auto"
 # x86 flags of native bfloat16 arithmetic (/proc/cpuinfo): without them torch emulates bfloat16 on CPU,
@@ -81,13 +82,15 @@ class EngineConfig:
     num_blocks: int | None = None
     max_num_seqs: int = 256  # requests decoding at once
     max_prefill_tokens: int = 2048  # tokens per prefill forward; longer prompts go in chunks
+    # which waiting prompts get a prefill forward's tokens first: "fcfs" or "shortest" (remaining)
+    prefill_order: str = "fcfs"
     max_model_len: int | None = None  # None: the model's own context length
     attention: str = "auto"  # grouping of the "torch" decode backend; "auto" picks per batch shape
     # decode attention backend: "auto" = the Triton paged kernel on CUDA (where triton imports), else
     # "torch" (SDPA over groupings); "reference" is the slow row-by-row definition
     decode_backend: str = "auto"
     linear_kernel: str = (
-        "auto"  # "auto": packed weights on CPU float32 from the host's crossover up (linear.py)
+        "auto"  # "auto": packed weights on CPU (float32, native bfloat16) from the host's crossover up
     )
     staged_kv_bytes: int = 4 * 1024**3  # decode K/V kept contiguous across iterations; 0: gather each one
     timings: bool = False  # record per-iteration linear/attention time split
@@ -115,6 +118,8 @@ class EngineConfig:
             raise ValueError("give either kv_cache_bytes or num_blocks, not both")
         if self.linear_kernel not in LINEAR_KERNELS:
             raise ValueError(f"linear_kernel must be one of {LINEAR_KERNELS}, got {self.linear_kernel!r}")
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise ValueError(f"prefill_order must be one of {PREFILL_ORDERS}, got {self.prefill_order!r}")
         if self.decode_backend not in DECODE_BACKENDS:
             raise ValueError(f"decode_backend must be one of {DECODE_BACKENDS}, got {self.decode_backend!r}")
         if self.attention not in ATTENTION_STRATEGIES:

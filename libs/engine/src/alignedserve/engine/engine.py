@@ -44,7 +44,7 @@ from alignedserve.engine.request import (
 )
 from alignedserve.engine.runner import DecodeRow, ModelRunner, PrefillChunk, TokenScore
 from alignedserve.engine.sampling import Sampler, make_generator
-from alignedserve.engine.scheduler import ScheduledChunk, Scheduler
+from alignedserve.engine.scheduler import PREFILL_ORDERS, ScheduledChunk, Scheduler
 from alignedserve.engine.selector import ShapeSelector
 from alignedserve.engine.timing import IterationTiming, NullTimer, WallTimer
 from alignedserve.engine.triton_backend import select_backend
@@ -91,7 +91,12 @@ class LLMEngine:
             _decode_kv(config, self.layout),
         )
         self.runner = ModelRunner(self.model, self.cache, decode, timer)
-        self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_prefill_tokens)
+        self.scheduler = Scheduler(
+            self.allocator,
+            config.max_num_seqs,
+            config.max_prefill_tokens,
+            PREFILL_ORDERS[config.prefill_order],
+        )
         self.sampler = Sampler()
         self.timings: deque[IterationTiming] = deque(maxlen=100_000)
         self.eos_token_ids = _eos_ids(self.loaded)
@@ -161,16 +166,35 @@ class LLMEngine:
     def prefill(self, requests: Sequence[tuple[str, list[int], SamplingParams]]) -> list[RequestOutput]:
         """Prefill only: run prompts to their first token and keep their KV (parked) for `export_kv`."""
         for request_id, prompt, params in requests:
-            self._add(request_id, prompt, params, park_after_prefill=True)
+            self.add_prefill(request_id, prompt, params)
         wanted = {request_id for request_id, _, _ in requests}
         outputs: dict[str, RequestOutput] = {}
         while wanted - outputs.keys():
-            chunks = self.scheduler.schedule_prefill()
-            if not chunks:
-                raise RuntimeError("prefill cannot proceed: the KV cache is held by other requests")
-            for output in self._run_prefill(chunks):
+            for output in self.prefill_step():
                 outputs[output.request_id] = output
         return [outputs[request_id] for request_id, _, _ in requests]
+
+    def add_prefill(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Queue a prompt for `prefill_step`: it runs to its first token, then its KV waits (parked) for
+        `export_kv`."""
+        self._add(request_id, prompt_token_ids, params, park_after_prefill=True)
+
+    def prefill_step(self) -> list[RequestOutput]:
+        """One prefill forward over the queued prompts (a chunk of each, within `max_prefill_tokens`);
+        the outputs of those that reached their first token. [] when none is queued."""
+        if not self.scheduler.waiting:
+            return []
+        chunks = self.scheduler.schedule_prefill()
+        if not chunks:
+            raise RuntimeError("prefill cannot proceed: the KV cache is held by other requests")
+        return self._run_prefill(chunks)
+
+    def has_prefill_work(self) -> bool:
+        return bool(self.scheduler.waiting)
+
+    def prefill_blocks_pending(self) -> int:
+        """KV blocks the queued prompts will still take as their chunks run (reserved chunk by chunk)."""
+        return self.scheduler.blocks_pending()
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise the `RequestError` that `add_request`/`prefill` would, without taking the request."""

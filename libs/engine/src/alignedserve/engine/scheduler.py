@@ -1,7 +1,7 @@
 """Which requests run in the next engine iteration, and the KV blocks they need. No torch, no clocks.
 
-Prefill first: waiting requests, first come first served, in chunks within `max_prefill_tokens`, while
-blocks and decode seats last. Otherwise one decode iteration over every running request; when a running
+Prefill first: waiting requests in the prefill order (first come first served, or shortest remaining
+prompt first), in chunks within `max_prefill_tokens`, while blocks and decode seats last. Otherwise one decode iteration over every running request; when a running
 request cannot get its next block, the newest running request is preempted (blocks freed, recomputed
 later from its prompt and outputs so far).
 """
@@ -9,9 +9,10 @@ later from its prompt and outputs so far).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from alignedserve.core.blocks import BlockAllocator, OutOfBlocks
+from alignedserve.core.blocks import BlockAllocator, OutOfBlocks, blocks_for
 from alignedserve.engine.request import Request, RequestStatus
 
 
@@ -27,11 +28,35 @@ class ScheduledChunk:
         return self.start + self.length == self.request.num_tokens
 
 
+PrefillOrder = Callable[[Sequence[Request]], Iterable[Request]]
+
+
+def first_come(waiting: Sequence[Request]) -> Iterable[Request]:
+    return waiting
+
+
+def shortest_remaining(waiting: Sequence[Request]) -> Iterable[Request]:
+    """Fewest prompt tokens left first (ties: first come). A short prompt then waits for one chunk of a
+    long one, not for all of it; the long one takes the budget the short ones leave in every forward,
+    so it waits only while short prompts alone fill whole forwards."""
+    return sorted(waiting, key=lambda r: r.num_tokens - r.num_computed)
+
+
+PREFILL_ORDERS: dict[str, PrefillOrder] = {"fcfs": first_come, "shortest": shortest_remaining}
+
+
 class Scheduler:
-    def __init__(self, allocator: BlockAllocator, max_num_seqs: int, max_prefill_tokens: int) -> None:
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        max_num_seqs: int,
+        max_prefill_tokens: int,
+        prefill_order: PrefillOrder = first_come,
+    ) -> None:
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens
+        self.prefill_order = prefill_order
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.parked: dict[str, Request] = {}
@@ -51,18 +76,28 @@ class Scheduler:
         budget = self.max_prefill_tokens
         seats = self.max_num_seqs - len(self.running)
         chunks: list[ScheduledChunk] = []
-        for request in self.waiting:
+        for request in self.prefill_order(self.waiting):
             if budget == 0 or (seats <= 0 and not request.park_after_prefill):
                 break
             length = min(request.num_tokens - request.num_computed, budget)
             try:
                 self._reserve(request, request.num_computed + length)
             except OutOfBlocks:
-                break  # FCFS: later requests wait behind this one
+                break  # in order: later requests wait behind this one
             chunks.append(ScheduledChunk(request, request.num_computed, length))
             budget -= length
             seats -= 0 if request.park_after_prefill else 1
         return chunks
+
+    def blocks_pending(self) -> int:
+        """Blocks the waiting requests still need for their whole prompt beyond what they hold."""
+        size = self.allocator.block_size
+        held = self.allocator.capacity_tokens
+        return sum(
+            blocks_for(r.num_tokens, size)
+            - (held(r.request_id) // size if r.request_id in self.allocator else 0)
+            for r in self.waiting
+        )
 
     def finish_prefill(self, chunk: ScheduledChunk) -> None:
         """Account a run chunk; a completed request leaves the waiting queue."""

@@ -41,8 +41,8 @@ class EngineWorkerSettings(WorkerSettings):
     )
     linear_kernel: Literal["auto", "torch", "onednn_packed"] = Field(
         "auto",
-        description="linear layers: auto = oneDNN-packed weights on CPU float32 from this host's measured"
-        " row crossover up, torch's below it and elsewhere",
+        description="linear layers: auto = oneDNN-packed weights on CPU (float32; bfloat16 where the CPU has"
+        " it natively) from this host's measured row crossover up, torch's below it and elsewhere",
     )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU; unset: torch's")
     cpus: str = Field(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+import dataclasses
+from typing import ClassVar, Literal
 
 from pydantic import ByteSize, Field
 
+from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.settings import EngineWorkerSettings
 
 
@@ -18,6 +20,11 @@ class PrefillSettings(EngineWorkerSettings):
         ByteSize(512 << 20), gt=0, description="KV cache budget on the device (prompts in flight here)"
     )
     max_queue: int = Field(256, ge=1, description="prompts queued here before it stops taking more")
+    prefill_order: Literal["shortest", "fcfs"] = Field(
+        "shortest",
+        description="which prompts get a forward's tokens first: shortest (fewest prompt tokens left: a"
+        " short prompt waits for one chunk of a long one, not all of it) or fcfs (arrival order)",
+    )
     staging_bytes: ByteSize = Field(
         ByteSize(2 << 30), gt=0, description="memory for the candidate buffers (staged KV for decode)"
     )
@@ -29,3 +36,6 @@ class PrefillSettings(EngineWorkerSettings):
         "evicted request in the candidate request buffer",
     )
     pool_retry_s: float = Field(0.05, gt=0, description="first back-off when the KV pool is full (doubles)")
+
+    def engine_config(self) -> EngineConfig:
+        return dataclasses.replace(super().engine_config(), prefill_order=self.prefill_order)

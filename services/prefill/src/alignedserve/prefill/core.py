@@ -131,10 +131,16 @@ class PrefillCore:
     def next_batch(self) -> list[PrefillRequest]:
         return take_batch(self.queue, self.max_prefill_tokens, self.max_num_seqs)
 
-    def admit(self, batch: list[PrefillRequest], free_blocks: int, refusals: Mapping[str, str]) -> Admission:
+    def admit(
+        self,
+        batch: list[PrefillRequest],
+        free_blocks: int,
+        refusals: Mapping[str, str],
+        engine_idle: bool = True,
+    ) -> Admission:
         """Ended requests drop out; those the engine refuses (`refusals`: id -> why) fail alone; those
-        whose KV does not fit the free blocks together go back to the queue's front, in order (the first
-        always runs: the engine chunks it)."""
+        whose KV does not fit the free blocks together go back to the queue's front, in order (when the
+        engine is idle the first always runs: the engine chunks it)."""
         accepted: list[PrefillRequest] = []
         refused: list[tuple[PrefillRequest, str]] = []
         deferred: list[PrefillRequest] = []
@@ -146,7 +152,7 @@ class PrefillCore:
                 refused.append((request, refusals[rid]))
                 continue
             need = blocks_for(len(request.prompt_token_ids) + 1, self.block_size)
-            if accepted and need > free_blocks:
+            if (accepted or not engine_idle) and need > free_blocks:
                 deferred.append(request)
                 continue
             free_blocks -= need

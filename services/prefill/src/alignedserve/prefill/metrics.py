@@ -15,7 +15,7 @@ class PrefillMetrics:
         )
         self.prefill_seconds = Histogram(
             "alignedserve:prefill_forward_seconds",
-            "one batched prefill (all its chunks)",
+            "one prefill forward (a chunk of every prompt it holds, within --max-prefill-tokens)",
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=registry,
         )

@@ -1,9 +1,11 @@
 """The prefill worker's loop at the I/O edge of `PrefillCore`: bus messages, engine calls, KV moves.
 
-1. Prompts (PREFILL topic, group `prefill`) queue here; one loop prefills what is queued in one engine
-   call (up to `max_prefill_tokens`), sends each first token to its gateway, and hands every unfinished
-   request's KV to the kvpool (UCX push; *pool full* → back off and retry, taking no new prompts), then
-   announces it to the batcher (`KvReady`) and frees its blocks.
+1. Prompts (PREFILL topic, group `prefill`) queue here; one loop moves them into the engine as KV
+   blocks allow and runs one prefill forward at a time (a chunk of every prompt it holds, within
+   `max_prefill_tokens`, shortest first by default). A prompt whose first token comes out of a forward
+   is done at once, whatever else is still prefilling: its first token goes to its gateway, its KV to
+   the kvpool (UCX push; *pool full* → back off and retry, taking no new prompts), then it is announced
+   to the batcher (`KvReady`) and its blocks are freed.
 2. Staging (its `stage` topic): for a `BatchPlan` it pulls each request's KV from where it is into its
    candidate buffers and tells the decode worker (`PrefetchDone`); decode workers pull from there, and
    push evicted requests' KV into its candidate request buffer.
@@ -31,7 +33,7 @@ from alignedserve.core.retry import Backoff, retrying
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.kv_envelope import KvEnvelope
 from alignedserve.engine.kv_export import KvExport
-from alignedserve.engine.request import RequestError
+from alignedserve.engine.request import RequestError, RequestOutput
 from alignedserve.prefill.config import PrefillSettings
 from alignedserve.prefill.core import PrefillCore, Prefilled, Publish, Stage, hand_back
 from alignedserve.prefill.kv_io import PrefillKv
@@ -73,7 +75,8 @@ class PrefillWorker:
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
-        self._holding_drain = False  # the queue counts as in-flight work while it is not empty
+        self._holding_drain = False  # queued and prefilling prompts count as in-flight work
+        self._prefilling: dict[str, PrefillRequest] = {}  # in the engine, by id, until their first token
 
     async def _publish(self, messages: list[Publish]) -> None:
         for topic, message in messages:
@@ -102,24 +105,23 @@ class PrefillWorker:
 
     async def prefill_loop(self) -> None:
         while True:
-            while not self.core.queue:
+            while not self.core.queue and not self._prefilling:
+                self._release_drain()
                 self._wake.clear()
                 await self._wake.wait()
-            while self.core.queue:
-                if self.runtime.drain.draining:  # prompts not started go to the other prefill workers
-                    await self._publish(self.core.hand_back_queue(time.time()))
-                    self.metrics.queued.set(0)
-                    log.info("prefill_queue_handed_back")
-                    break
-                batch = self.core.next_batch()
+            if self.core.queue and self.runtime.drain.draining:  # not started: to the other workers
+                await self._publish(self.core.hand_back_queue(time.time()))
+                self.metrics.queued.set(0)
+                log.info("prefill_queue_handed_back")
+            elif self.core.queue:
+                await self._admit(self.core.next_batch())
                 self.metrics.queued.set(len(self.core.queue))
                 self._room.set()
+            if self._prefilling:
                 try:
-                    await self._prefill(batch)
+                    await self._forward()
                 except BusUnavailable as exc:  # its requests end at their gateway, which lost the bus too
-                    log.warning("prefill_batch_unpublished", requests=[r.request_id for r in batch],
-                                error=str(exc))  # fmt: skip
-            self._release_drain()
+                    log.warning("prefill_unpublished", error=str(exc))
 
     def _hold_drain(self) -> None:
         """Queued prompts are acknowledged on the bus already: a drain waits until they are prefilled."""
@@ -132,25 +134,42 @@ class PrefillWorker:
             self._holding_drain = False
             self.runtime.drain.leave()
 
-    async def _prefill(self, batch: list[PrefillRequest]) -> None:
-        started = time.perf_counter()
+    async def _admit(self, batch: list[PrefillRequest]) -> None:
+        """Queued prompts into the engine, as many as the KV blocks not yet promised allow (the rest go
+        back to the queue's front); refused ones fail alone."""
         refusals = {r.request_id: why for r in batch if (why := self._refusal(r)) is not None}
-        admission = self.core.admit(batch, self.engine.num_free_blocks(), refusals)
+        free = self.engine.num_free_blocks() - self.engine.prefill_blocks_pending()
+        admission = self.core.admit(batch, free, refusals, engine_idle=not self._prefilling)
         for request, why in admission.refused:
             await self._fail(request, why)
-        accepted = admission.accepted
-        if not accepted:
+        for request in admission.accepted:
+            self.engine.add_prefill(
+                request.request_id, list(request.prompt_token_ids), to_params(request.sampling)
+            )
+            self._prefilling[request.request_id] = request
+
+    async def _forward(self) -> None:
+        """One engine forward; the prompts it finished get their first token out and their KV handed off."""
+        for rid in [rid for rid in self._prefilling if rid in self.core.ended]:  # cancelled meanwhile
+            self.engine.free(rid)
+            del self._prefilling[rid]
+        if not self._prefilling:
             return
+        started = time.perf_counter()
         try:
-            done = await asyncio.to_thread(self._run_engine, accepted)
-        except Exception as exc:  # an engine failure fails this batch, not the worker
-            log.exception("prefill_forward_failed", requests=[r.request_id for r in accepted])
-            for request in accepted:
+            finished = await asyncio.to_thread(self._run_engine)
+        except Exception as exc:  # an engine failure fails the prompts in it, not the worker
+            log.exception("prefill_forward_failed", requests=list(self._prefilling))
+            failed, self._prefilling = list(self._prefilling.values()), {}
+            for request in failed:
                 self.engine.free(request.request_id)
                 await self._fail(request, f"prefill failed: {exc}")
             return
         self.metrics.prefill_seconds.observe(time.perf_counter() - started)
-        self.metrics.prompt_tokens.inc(sum(len(r.prompt_token_ids) for r in accepted))
+        done = [Prefilled(self._prefilling.pop(out.request_id), out, export) for out, export in finished]
+        if not done:
+            return
+        self.metrics.prompt_tokens.inc(sum(len(item.request.prompt_token_ids) for item in done))
         await self._publish(self.core.first_tokens(done))
         await asyncio.gather(*(self._hand_off(item) for item in done))
 
@@ -162,18 +181,15 @@ class PrefillWorker:
             return str(exc)
         return None
 
-    def _run_engine(self, accepted: list[PrefillRequest]) -> list[Prefilled[KvExport]]:
-        """One batched prefill, then every unfinished request's KV copied out and its blocks freed
-        (the export owns the bytes), so the next batch has the whole cache. Runs in a thread."""
-        outputs = self.engine.prefill(
-            [(r.request_id, list(r.prompt_token_ids), to_params(r.sampling)) for r in accepted]
-        )
-        done: list[Prefilled[KvExport]] = []
-        for request, output in zip(accepted, outputs, strict=True):
-            export = None if output.finished else self.engine.export_kv(request.request_id)
-            self.engine.free(request.request_id)
-            done.append(Prefilled(request, output, export))
-        return done
+    def _run_engine(self) -> list[tuple[RequestOutput, KvExport | None]]:
+        """One prefill forward, then the KV of every prompt it finished copied out (None: the request
+        ended at its first token) and its blocks freed (the export owns the bytes). Runs in a thread."""
+        finished: list[tuple[RequestOutput, KvExport | None]] = []
+        for output in self.engine.prefill_step():
+            export = None if output.finished else self.engine.export_kv(output.request_id)
+            self.engine.free(output.request_id)
+            finished.append((output, export))
+        return finished
 
     async def _hand_off(self, item: Prefilled[KvExport]) -> None:
         # gathered per request: each hand-off's lines carry its own request id

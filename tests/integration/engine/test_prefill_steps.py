@@ -1,0 +1,59 @@
+"""Prefill one forward at a time (`add_prefill` / `prefill_step`, what the prefill worker runs): with the
+"shortest" order a short prompt queued behind a long one gets its first token from the first forward,
+while "fcfs" gives that forward's whole budget to the long one; either way every prompt ends with the
+KV and first token a one-call `prefill` gives."""
+
+from __future__ import annotations
+
+import pytest
+from engine_models import tiny_engine
+from transformers import PreTrainedModel
+
+from alignedserve.core.sampling import SamplingParams
+from alignedserve.engine.engine import LLMEngine
+
+BUDGET = 32  # tokens per forward
+GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+LONG = [5 + i % 90 for i in range(100)]  # four forwards' worth
+SHORT = [7, 8, 9, 10, 11]
+
+
+def _first_tokens_by_forward(engine: LLMEngine) -> list[list[str]]:
+    engine.add_prefill("long", LONG, GREEDY)
+    engine.add_prefill("short", SHORT, GREEDY)
+    forwards = []
+    while engine.has_prefill_work():
+        forwards.append([out.request_id for out in engine.prefill_step()])
+    return forwards
+
+
+@pytest.mark.parametrize(
+    ("order", "expected"),
+    [
+        ("shortest", [["short"], [], [], ["long"]]),  # 5 + 27, then 32, 32, 9 of the long prompt
+        ("fcfs", [[], [], [], ["long", "short"]]),  # 32, 32, 32, then 4 of the long + the short
+    ],
+)
+def test_a_short_prompt_behind_a_long_one_waits_for_one_chunk_only_when_shortest_goes_first(
+    tiny_llama: PreTrainedModel, order: str, expected: list[list[str]]
+) -> None:
+    engine = tiny_engine(tiny_llama, max_prefill_tokens=BUDGET, prefill_order=order)
+    assert _first_tokens_by_forward(engine) == expected
+    assert engine.prefill_blocks_pending() == 0
+
+
+def test_stepwise_prefill_leaves_the_kv_and_first_token_of_one_call(tiny_llama: PreTrainedModel) -> None:
+    stepped = tiny_engine(tiny_llama, max_prefill_tokens=BUDGET, prefill_order="shortest")
+    outputs = {}
+    stepped.add_prefill("long", LONG, GREEDY)
+    stepped.add_prefill("short", SHORT, GREEDY)
+    assert stepped.prefill_blocks_pending() == -(-len(LONG) // 4) + -(-len(SHORT) // 4)  # block size 4
+    while stepped.has_prefill_work():
+        outputs.update({out.request_id: out for out in stepped.prefill_step()})
+    whole = tiny_engine(tiny_llama)  # one forward for both
+    outs = whole.prefill([("long", LONG, GREEDY), ("short", SHORT, GREEDY)])
+    reference = dict(zip(("long", "short"), outs, strict=True))
+    for rid in ("long", "short"):
+        assert outputs[rid].output_token_ids == reference[rid].output_token_ids
+        ours, theirs = stepped.export_kv(rid), whole.export_kv(rid)
+        assert ours.header.num_tokens == theirs.header.num_tokens
