@@ -11,6 +11,12 @@ from alignedserve.core.config import WorkerSettings
 from alignedserve.core.cpu_layout import parse_cpus
 from alignedserve.engine.config import EngineConfig, resolve_dtype
 
+# A forward's prompt tokens when unset. A prompt that arrives during a forward waits for it, so this
+# bounds its wait: on CPU 512 tokens take ~0.7 s on one core of SmolLM2 (2,048: ~2.9 s, which a long
+# prompt then kept every short one behind it waiting; docs/benchmarks.md, "Prefill"). A GPU runs 2,048
+# in milliseconds and wants the larger GEMMs.
+PREFILL_TOKENS_BY_DEVICE = {"cpu": 512, "cuda": 2048}
+
 
 class EngineWorkerSettings(WorkerSettings):
     device: str = Field(
@@ -30,7 +36,13 @@ class EngineWorkerSettings(WorkerSettings):
     )
     num_kv_blocks: int | None = Field(None, ge=1, description="KV cache size in blocks (instead of bytes)")
     max_num_seqs: int = Field(64, ge=1, description="requests in one forward at most")
-    max_prefill_tokens: int = Field(2048, ge=16, description="prompt tokens per prefill forward (chunks)")
+    max_prefill_tokens: int = Field(
+        None,  # resolved by device at parse (_prefill_tokens_by_device)
+        validate_default=True,
+        ge=16,
+        description="prompt tokens per prefill forward (longer prompts go in chunks); unset: "
+        + ", ".join(f"{n} on {d}" for d, n in PREFILL_TOKENS_BY_DEVICE.items()),
+    )
     max_model_len: int | None = Field(None, ge=1, description="context limit; unset: the model's own")
     attention: Literal["auto", "padded", "bucketed", "per_sequence"] = Field(
         "auto", description="decode attention strategy (auto picks per batch shape)"
@@ -58,6 +70,13 @@ class EngineWorkerSettings(WorkerSettings):
     def _resolve_auto(cls, dtype: str, info: ValidationInfo) -> str:
         # once, at parse: what the worker reports and logs is the dtype it runs (device comes first)
         return resolve_dtype(dtype, info.data.get("device", "cpu"))
+
+    @field_validator("max_prefill_tokens", mode="before")
+    @classmethod
+    def _prefill_tokens_by_device(cls, tokens: object, info: ValidationInfo) -> object:
+        if tokens is not None:
+            return tokens
+        return PREFILL_TOKENS_BY_DEVICE[str(info.data.get("device", "cpu")).split(":", 1)[0]]
 
     @field_validator("cpus", mode="after")
     @classmethod
