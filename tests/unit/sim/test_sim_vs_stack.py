@@ -138,7 +138,7 @@ def test_stack_deployment_matches_the_services_defaults() -> None:
         "fcfs",
         "window",
     }
-    assert STACK.max_prefill_tokens == PrefillSettings.model_fields["max_prefill_tokens"].default
+    assert STACK.max_prefill_tokens == PrefillSettings(device="cpu").max_prefill_tokens
     # the decode worker keeps the engine's KV budget; the CPU model holds as many blocks
     assert DecodeSettings.model_fields["kv_cache_bytes"].default is None
     model = load_cpu_model()
