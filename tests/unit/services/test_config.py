@@ -150,3 +150,20 @@ def test_each_worker_takes_its_device_and_decode_backend_from_config(tmp_path: P
     for wrong in (["--device", "gpu0"], ["--device", "cuda:x"], ["--decode-backend", "flash"]):
         with pytest.raises(ConfigError):
             DecodeSettings.from_argv(wrong)
+
+
+def test_prefill_forward_budget_and_order_follow_the_device_unless_set(tmp_path: Path) -> None:
+    """A forward's prompt tokens bound how long a prompt arriving during it waits: 512 on CPU, 2048 on a
+    GPU unless given; the prefill order reaches the engine."""
+    from alignedserve.prefill.config import PrefillSettings
+
+    cpu = PrefillSettings.from_argv(["--device", "cpu", "--dtype", "float32"])
+    assert (cpu.max_prefill_tokens, cpu.engine_config().max_prefill_tokens) == (512, 512)
+    assert cpu.engine_config().prefill_order == "shortest"
+    gpu = PrefillSettings.from_argv(["--device", "cuda:1", "--dtype", "bfloat16"]).engine_config()
+    assert gpu.max_prefill_tokens == 2048
+    path = toml(tmp_path, "max_prefill_tokens = 1024\nprefill_order = 'fcfs'\n")
+    config = PrefillSettings.from_argv(["--config", path]).engine_config()
+    assert (config.max_prefill_tokens, config.prefill_order) == (1024, "fcfs")
+    with pytest.raises(ConfigError):
+        PrefillSettings.from_argv(["--max-prefill-tokens", "8"])
