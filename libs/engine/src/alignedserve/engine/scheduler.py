@@ -1,9 +1,9 @@
 """Which requests run in the next engine iteration, and the KV blocks they need. No torch, no clocks.
 
 Prefill first: waiting requests in the prefill order (first come first served, or shortest remaining
-prompt first), in chunks within `max_prefill_tokens`, while blocks and decode seats last. Otherwise one decode iteration over every running request; when a running
-request cannot get its next block, the newest running request is preempted (blocks freed, recomputed
-later from its prompt and outputs so far).
+prompt first), in chunks within `max_prefill_tokens`, while blocks and decode seats last. Otherwise one
+decode iteration over every running request; when a running request cannot get its next block, the
+newest running request is preempted (blocks freed, recomputed later from its prompt and outputs so far).
 """
 
 from __future__ import annotations
