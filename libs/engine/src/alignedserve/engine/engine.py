@@ -182,7 +182,7 @@ class LLMEngine:
     def prefill_step(self) -> list[RequestOutput]:
         """One prefill forward over the queued prompts (a chunk of each, within `max_prefill_tokens`);
         the outputs of those that reached their first token. [] when none is queued."""
-        if not self.scheduler.waiting:
+        if not self.has_prefill_work():
             return []
         chunks = self.scheduler.schedule_prefill()
         if not chunks:

@@ -1,26 +1,26 @@
 """How the lean forward multiplies by a linear layer's weight: a strategy chosen once per engine.
 
 - `TorchLinear`: the module itself (`F.linear`). Used on CUDA, for bfloat16 on a CPU without native
-  bfloat16, and wherever oneDNN is missing. (One GEMM over q/k/v's concatenated weight instead of three was no faster here: 0.97-1.04x
-  of three `F.linear` calls at 1-64 rows in float32, interleaved.)
-- `PackedCpuLinear`: float32 on CPU, and bfloat16 where the CPU computes it natively. Every weight is also kept in oneDNN's blocked ("packed") layout,
-  made once at load, and every forward calls oneDNN's linear on it. `F.linear` repacks the weight inside
-  every call, a large share of the work at decode's row counts. Measured on this 2-core CPU over all of
-  SmolLM2's linears, interleaved in one process (docs/engine.md): 1.4-1.9x faster at 1-128 rows,
-  1.36-1.46x at 192-256, 1.2x at 1024-2048 (prefill chunks). Results agree with `F.linear` to ~1e-6
-  relative (a different summation order). In bfloat16 (AMX host) they equal `F.linear` bit for bit
-  (every projection shape of SmolLM2, 1-69 and up to 1,000 rows), so the accuracy contract's batch-1
-  parity with transformers holds, and they are 1.6-3.5x faster at 1-16 rows (docs/benchmarks.md,
-  Engine). Projections that read the same input (q/k/v; gate/up)
-  are packed as one concatenated weight and run as one call (`many`): one pass over the input, and
-  fewer, larger GEMMs.
+  bfloat16, and wherever oneDNN is missing. (One GEMM over q/k/v's concatenated weight instead of three
+  was no faster here: 0.97-1.04x of three `F.linear` calls at 1-64 rows in float32, interleaved.)
+- `PackedCpuLinear`: float32 on CPU, and bfloat16 where the CPU computes it natively. Every weight is
+  also kept in oneDNN's blocked ("packed") layout, made once at load, and every forward calls oneDNN's
+  linear on it. `F.linear` repacks the weight inside every call, a large share of the work at decode's
+  row counts. Measured on this 2-core CPU over all of SmolLM2's linears, interleaved in one process
+  (docs/engine.md): 1.4-1.9x faster at 1-128 rows, 1.36-1.46x at 192-256, 1.2x at 1024-2048 (prefill
+  chunks). float32 results agree with `F.linear` to ~1e-6 relative (a different summation order);
+  bfloat16 ones (AMX host) equal it bit for bit (every SmolLM2 projection shape, 1-69 and up to 1,000
+  rows), so the accuracy contract's batch-1 parity with transformers holds, at 1.6-3.5x the speed at
+  1-16 rows (docs/benchmarks.md, Engine). Projections that read the same input (q/k/v; gate/up) are
+  packed as one concatenated weight and run as one call (`many`): one pass over the input, and fewer,
+  larger GEMMs.
 
 The packed copies cost the weights' size again in host memory; they are made once per loaded model and
 shared by every engine built on it.
 
-- `RowTunedLinear` ("auto" where packing is available): packed from a row count up, the torch module below. On
-  another host the packed weights were slower at one row (16.1 vs 21.9 tok/s at batch 1) and faster
-  from 4, so the crossover is measured per host (`linear_crossover.py`).
+- `RowTunedLinear` ("auto" where packing is available): packed from a row count up, the torch module
+  below. On another host the packed weights were slower at one row (16.1 vs 21.9 tok/s at batch 1) and
+  faster from 4, so the crossover is measured per host and dtype (`linear_crossover.py`).
 """
 
 from __future__ import annotations
