@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from alignedserve.core.cpu_layout import (
-    AUTO,
+    AUTO_BY_DTYPE,
     LAYOUTS,
     PREFILL_NICE,
     Placement,
@@ -15,6 +15,7 @@ from alignedserve.core.cpu_layout import (
     layout_named,
     parse_cpus,
 )
+from alignedserve.engine.config import DTYPES_BY_DEVICE
 
 cpu_sets = st.lists(st.integers(0, 255), min_size=1, max_size=64, unique=True).map(sorted)
 
@@ -30,7 +31,7 @@ def test_every_layout_gives_each_role_threads_for_exactly_its_own_cpus(cpus: lis
 
 @given(cpu_sets)
 def test_split_gives_decode_the_larger_half_and_never_shares_a_core(cpus: list[int]) -> None:
-    split = layout_named("split")
+    split = layout_named("split", "float32")
     prefill, decode = split.place("prefill", cpus), split.place("decode", cpus)
     if len(cpus) == 1:
         assert prefill.cpus == decode.cpus == tuple(cpus)
@@ -42,15 +43,20 @@ def test_split_gives_decode_the_larger_half_and_never_shares_a_core(cpus: list[i
 
 def test_only_prefill_yields_and_only_in_its_layout() -> None:
     cpus = [0, 1, 2, 3]
-    assert layout_named("prefill-yields").place("prefill", cpus) == Placement(4, (0, 1, 2, 3), PREFILL_NICE)
-    assert layout_named("prefill-yields").place("decode", cpus).nice == 0
-    assert layout_named("shared").place("prefill", cpus) == Placement(4, (0, 1, 2, 3), 0)
+    assert layout_named("prefill-yields", "float32").place("prefill", cpus) == Placement(
+        4, (0, 1, 2, 3), PREFILL_NICE
+    )
+    assert layout_named("prefill-yields", "float32").place("decode", cpus).nice == 0
+    assert layout_named("shared", "float32").place("prefill", cpus) == Placement(4, (0, 1, 2, 3), 0)
 
 
-def test_auto_is_one_of_the_layouts_and_an_unknown_name_lists_the_choices() -> None:
-    assert layout_named("auto") is LAYOUTS[AUTO]
+def test_auto_is_the_layout_measured_for_the_engines_dtype_and_an_unknown_name_lists_the_choices() -> None:
+    assert set(AUTO_BY_DTYPE) == set(DTYPES_BY_DEVICE["cpu"])  # a measured layout for each CPU dtype
+    assert layout_named("auto", "bfloat16") is LAYOUTS["split"]
+    assert layout_named("auto", "float32") is LAYOUTS["prefill-yields"]
+    assert layout_named("auto", "float16") is LAYOUTS["split"]  # not a CPU dtype: no measurement
     with pytest.raises(ValueError, match="choose auto or one of shared, prefill-yields, split"):
-        layout_named("spread")
+        layout_named("spread", "float32")
 
 
 def test_a_placement_becomes_the_worker_flags() -> None:

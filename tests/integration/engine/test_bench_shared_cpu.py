@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from alignedserve.core.cpu_layout import layout_named
+from alignedserve.core.cpu_layout import LAYOUTS
 
 
 def test_each_layout_runs_placed_and_reports_both_engines() -> None:
@@ -26,7 +26,7 @@ def test_each_layout_runs_placed_and_reports_both_engines() -> None:
         ("prefill-yields", "passive"),
     ]
     for result in report["runs"]:
-        layout = layout_named(result["layout"])
+        layout = LAYOUTS[result["layout"]]
         for role in ("prefill", "decode"):
             placed = layout.place(role, cpus)
             assert result[f"{role}_placement"] == {"threads": placed.threads, "cpus": list(placed.cpus),

@@ -8,6 +8,7 @@ from typing import get_args
 import pytest
 
 from alignedserve.core.cpu_layout import LAYOUTS, layout_named
+from alignedserve.engine.config import resolve_dtype
 from alignedserve.up import main as up
 from alignedserve.up.config import UpSettings
 
@@ -46,7 +47,7 @@ def test_cpu_engines_get_their_layouts_placement_and_the_rest_none(monkeypatch: 
     assert split["decode-0"][-6:] == ["--num-threads", "2", "--cpus", "2,3", "--nice", "0"]
     assert "--cpus" not in split["gateway"] and "--cpus" not in split["batcher-0"]
     auto = commands(config())
-    expected = layout_named("auto")
+    expected = layout_named("auto", resolve_dtype("auto", "cpu"))  # this host's dtype picks auto's layout
     assert auto["prefill-0"][-6:] == expected.place("prefill", [0, 1, 2, 3]).engine_args()
     assert auto["decode-0"][-6:] == expected.place("decode", [0, 1, 2, 3]).engine_args()
     gpu = commands(config("cuda"))

@@ -2,7 +2,8 @@
 
 `alignedserve up --device cpu` starts prefill and decode engines as separate processes on one machine's
 cores. A layout places each engine by role; which layout serves best is measured by
-`alignedserve bench shared-cpu` (docs/benchmarks.md), and `auto` is what that measurement chose.
+`alignedserve bench shared-cpu` and on the stack (docs/benchmarks.md); `auto` is what those measurements
+chose for the dtype the engines run.
 Pure: the caller applies a placement (`os.sched_setaffinity`, `os.nice`, `--num-threads`).
 """
 
@@ -96,16 +97,24 @@ class Split:
 
 
 LAYOUTS: dict[str, CpuLayout] = {layout.name: layout for layout in (Shared(), PrefillYields(), Split())}
-# The layout that served the most tokens per second on the stack, interleaved against the others
-# (docs/benchmarks.md, "Engines sharing one machine's CPU"); `alignedserve up --cpu-layout` overrides it.
-# It was prefill-yields while the decode step was slow enough to want both cores; since the step is
-# ~2.3x faster (stacked bfloat16 attention, packed bfloat16 linears), split serves more.
-AUTO = "split"
+# The layout that served the most output tokens per second on the stack, interleaved against the others
+# (docs/benchmarks.md, "Engines sharing one machine's CPU"), by the dtype the CPU engines run (`--dtype
+# auto` picks it by host). bfloat16 (AMX host): split, 1.40x / 1.28x prefill-yields; the decode step is
+# fast enough to run alone on its core, with no OpenMP barrier to wait at. float32 (AVX2 host): the step
+# is ~2.4x slower and wants both cores: prefill-yields, 1.01x / 1.06x split, P99 TPOT 0.87x / 0.67x.
+# `alignedserve up --cpu-layout` overrides it.
+AUTO_BY_DTYPE: dict[str, str] = {"bfloat16": "split", "float32": "prefill-yields"}
 
 
-def layout_named(name: str) -> CpuLayout:
-    """`auto` or a name of LAYOUTS; ValueError naming the choices."""
-    key = AUTO if name == "auto" else name
+def auto_layout(dtype: str) -> str:
+    """The measured best layout for CPU engines running `dtype` (split for a dtype not measured)."""
+    return AUTO_BY_DTYPE.get(dtype, "split")
+
+
+def layout_named(name: str, dtype: str) -> CpuLayout:
+    """`auto` (`auto_layout(dtype)`, dtype: what the engines run) or a name of LAYOUTS; ValueError naming
+    the choices."""
+    key = auto_layout(dtype) if name == "auto" else name
     if key not in LAYOUTS:
         raise ValueError(f"unknown CPU layout {name!r}; choose auto or one of {', '.join(LAYOUTS)}")
     return LAYOUTS[key]

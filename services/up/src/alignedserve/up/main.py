@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from alignedserve.bus import embedded
 from alignedserve.core.config import mask_url_password, settings_or_exit_code
 from alignedserve.core.cpu_layout import Role, layout_named
+from alignedserve.engine.config import resolve_dtype
 from alignedserve.up.config import UpSettings
 from alignedserve.up.supervise import CrashLoop, Supervised, Supervisor
 
@@ -76,7 +77,8 @@ def cpu_placements(cfg: UpSettings) -> dict[Role, list[str]]:
     """Each engine role's placement flags on this machine's CPUs (none for GPU engines)."""
     if cfg.device != "cpu":
         return {"prefill": [], "decode": []}
-    layout, cpus = layout_named(cfg.cpu_layout), sorted(os.sched_getaffinity(0))
+    layout = layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device))
+    cpus = sorted(os.sched_getaffinity(0))
     return {role: layout.place(role, cpus).engine_args() for role in ("prefill", "decode")}
 
 

@@ -387,7 +387,7 @@ def _mode(name: str) -> StackMode:
     base, _, layout = name.partition("@")
     if not layout:
         return MODES[base]
-    layout_named(layout)  # ValueError naming the layouts
+    layout_named(layout, "float32")  # ValueError naming the layouts (the dtype only picks auto's)
     mode = MODES[base]
     return replace(mode, name=name, label=f"{mode.label}, {layout} cores", cpu_layout=layout)
 
