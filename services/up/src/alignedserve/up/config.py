@@ -41,7 +41,8 @@ class UpSettings(Settings):
     cpu_layout: Literal["auto", "shared", "prefill-yields", "split"] = Field(
         "auto",
         description="CPU engines on this machine's cores: shared (all on all cores), prefill-yields (shared,"
-        " prefill niced), split (each role on its own cores); auto: the measured best (docs/benchmarks.md)",
+        " prefill niced), split (each role on its own cores); auto: the measured best for the engines' dtype"
+        " (docs/benchmarks.md)",
     )
     metrics_base_port: int = Field(
         9100, ge=1, le=65535, description="first port of the workers' /health, /ready and /metrics"
