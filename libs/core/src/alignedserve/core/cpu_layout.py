@@ -114,7 +114,11 @@ def auto_layout(dtype: str) -> str:
 def layout_named(name: str, dtype: str) -> CpuLayout:
     """`auto` (`auto_layout(dtype)`, dtype: what the engines run) or a name of LAYOUTS; ValueError naming
     the choices."""
-    key = auto_layout(dtype) if name == "auto" else name
-    if key not in LAYOUTS:
+    return LAYOUTS[auto_layout(dtype) if check_layout(name) == "auto" else name]
+
+
+def check_layout(name: str) -> str:
+    """`name` if it is `auto` or a name of LAYOUTS; else ValueError naming the choices."""
+    if name != "auto" and name not in LAYOUTS:
         raise ValueError(f"unknown CPU layout {name!r}; choose auto or one of {', '.join(LAYOUTS)}")
-    return LAYOUTS[key]
+    return name

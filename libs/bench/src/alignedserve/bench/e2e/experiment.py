@@ -40,7 +40,7 @@ from alignedserve.bench.e2e.runs import (
     select_workloads,
 )
 from alignedserve.bench.e2e.servers import ServerProcess, ServerStartError, free_port
-from alignedserve.core.cpu_layout import layout_named
+from alignedserve.core.cpu_layout import check_layout
 from alignedserve.loadgen.records import RequestRecord
 from alignedserve.loadgen.scrape import counter_delta, decode_stats, scrape
 
@@ -387,7 +387,7 @@ def _mode(name: str) -> StackMode:
     base, _, layout = name.partition("@")
     if not layout:
         return MODES[base]
-    layout_named(layout, "float32")  # ValueError naming the layouts (the dtype only picks auto's)
+    check_layout(layout)
     mode = MODES[base]
     return replace(mode, name=name, label=f"{mode.label}, {layout} cores", cpu_layout=layout)
 
