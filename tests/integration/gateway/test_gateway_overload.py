@@ -104,19 +104,23 @@ async def serving_gateway(
     await prefill.ready()
     beats = asyncio.create_task(workers.beat_forever())
     backend = BusBackend.from_url(gateway_url, BusBackendOptions(gateway_id=gateway_id))
-    await backend.start()
     settings = GatewaySettings(model="smollm2", backend="bus", bus=gateway_url, gateway_id=gateway_id)
     server = HttpServer(create_app(settings, backend, smollm2_tokenizer), "127.0.0.1", 0)
-    await server.start()
     limits = httpx.Limits(max_connections=CONCURRENT + 10)
-    async with httpx.AsyncClient(base_url=server.url, timeout=120.0, limits=limits) as client:
-        yield client, backend
-    await server.stop()
-    await backend.close()
-    beats.cancel()
-    await prefill.stop()
-    await workers_bus.delete_topics(topics.tokens(gateway_id), topics.PREFILL, topics.EVENTS, topics.BATCHER)
-    await workers_bus.close()
+    try:  # a failed test still stops what it started: left running, the event loop's close waits on it
+        await backend.start()
+        await server.start()
+        async with httpx.AsyncClient(base_url=server.url, timeout=120.0, limits=limits) as client:
+            yield client, backend
+    finally:
+        await server.stop()
+        await backend.close()
+        beats.cancel()
+        await prefill.stop()
+        await workers_bus.delete_topics(
+            topics.tokens(gateway_id), topics.PREFILL, topics.EVENTS, topics.BATCHER
+        )
+        await workers_bus.close()
 
 
 async def _until_ready(client: httpx.AsyncClient) -> None:
@@ -189,7 +193,8 @@ async def test_a_burst_of_submits_shares_the_bounded_write_slots(
     client, backend = gateway
     await _until_ready(client)
     streams = await asyncio.gather(*(backend.submit(request) for request in _burst(CONCURRENT)))
-    finished = [[delta async for delta in stream][-1].finish_reason for stream in streams]
+    async with asyncio.timeout(60):  # a lost answer fails here rather than waiting forever
+        finished = [[delta async for delta in stream][-1].finish_reason for stream in streams]
     assert finished == ["length"] * CONCURRENT
 
 
