@@ -1,7 +1,8 @@
 """Decode attention in bfloat16: a one-row group makes transformers' own SDPA call (the accuracy
-contract's reference at batch 1), so its outputs match bit for bit; a group of several rows stacks each
-KV head's query heads (~7x faster on CPU) and stays within bfloat16 rounding of that call. float32 always
-stacks (exact parity holds there)."""
+contract's reference at batch 1), so its outputs match bit for bit; a group of several rows is attended in
+transformers' eager formulation over stacked heads (2-3x faster than torch's CPU flash kernel) and stays
+within bfloat16 rounding of transformers' eager attention for each row alone. float32 always stacks
+into SDPA (exact parity holds there)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,16 @@ def _reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) ->
     ).squeeze(2)  # fmt: skip
 
 
+def _eager_reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """transformers' eager attention for one row: repeat the KV heads, scores in bfloat16, softmax in
+    float32. query: [1, heads, d]; keys, values: [L, kvh, d] -> [1, heads, d]."""
+    k = keys.transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, dim=0)  # [heads, L, d]
+    v = values.transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, dim=0)
+    scores = torch.matmul(query.transpose(0, 1), k.transpose(1, 2)) * DIM**-0.5  # [heads, 1, L]
+    probs = scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype)
+    return torch.matmul(probs, v).transpose(0, 1)
+
+
 def _row(cache: PagedKvCache, first_block: int, length: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     table = list(range(first_block, first_block + -(-length // BLOCK)))
     keys = (torch.randn(length, KV_HEADS, DIM) * 2).bfloat16()
@@ -49,7 +60,7 @@ def test_bfloat16_one_row_decode_attention_is_the_reference_call_bit_for_bit() -
         assert torch.equal(ours, _reference(query, keys, values)), f"length {length}"
 
 
-def test_bfloat16_batched_decode_attention_is_within_rounding_of_the_reference() -> None:
+def test_bfloat16_batched_decode_attention_is_within_rounding_of_eager_attention() -> None:
     torch.manual_seed(1)
     cache = _cache()
     lengths = [300, 17, 129, 64, 255, 1, 90, 200]  # padded into one group, masked per row
@@ -63,6 +74,6 @@ def test_bfloat16_batched_decode_attention_is_within_rounding_of_the_reference()
     plan = plan_decode(PaddedGrouping(), lengths, tables, BLOCK, cache.device)
     ours = decode_attention(cache, 0, query, plan, DIM**-0.5)
     for row, (keys, values) in enumerate(rows):
-        reference = _reference(query[row : row + 1], keys, values)
-        # bfloat16 keeps 8 significant bits: two kernels' roundings differ by a unit in the last place
+        reference = _eager_reference(query[row : row + 1], keys, values)
+        # bfloat16 keeps 8 significant bits: two batch shapes' roundings differ by a unit in the last place
         torch.testing.assert_close(ours[row : row + 1], reference, rtol=2**-7, atol=2**-7)

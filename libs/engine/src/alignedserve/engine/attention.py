@@ -146,8 +146,11 @@ def _group_attention(
     kv: DecodeKv,
     new_kv: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> torch.Tensor:
-    key, value = kv.group_kv(cache, layer, index, group, new_kv)  # each [G, kvh, L, d]
-    if _stacked_heads(query):
+    key, value = kv.group_kv(cache, layer, index, group, new_kv)  # each [G, kvh, C >= context_len, d]
+    if _eager(query):
+        return eager_grouped_query_attention(query, key, value, _key_mask(group, key.shape[2]), scale)
+    key, value = key[:, :, : group.context_len], value[:, :, : group.context_len]
+    if query.device.type == "cpu" and query.dtype == torch.float32:
         return grouped_query_attention(query, key, value, group.mask, scale)
     out = F.scaled_dot_product_attention(
         query.unsqueeze(2), key, value, attn_mask=group.mask, scale=scale, enable_gqa=True
@@ -155,20 +158,45 @@ def _group_attention(
     return out.squeeze(2)
 
 
-def _stacked_heads(query: torch.Tensor) -> bool:
-    """Whether a group's call stacks its query heads (`grouped_query_attention`) or makes transformers'
-    own SDPA call. query: [G, heads, d].
+def _eager(query: torch.Tensor) -> bool:
+    """Whether a group is attended in transformers' eager formulation (`eager_grouped_query_attention`)
+    rather than by an SDPA call. query: [G, heads, d].
 
-    CPU float32: stacked, always (exact parity with transformers holds either way). CPU reduced
-    precision: transformers' call for a one-row group, where it is the accuracy contract's reference bit
-    for bit (the stacked call rounds differently in ~5 % of bfloat16 outputs, which cost greedy agreement
-    84 % vs 100 % at batch 1); stacked for more rows, where batching has already changed the rounding of
-    every matmul and transformers' call costs ~7x as much (its flash kernel makes two oneDNN calls per
-    row and head: 1.5 vs 0.22 ms per layer at 16 rows x 256 keys, AMX host, docs/benchmarks.md). CUDA:
-    transformers' call (its fused kernels)."""
-    if query.device.type != "cpu":
-        return False
-    return query.dtype == torch.float32 or query.shape[0] > 1
+    CPU float32: SDPA over stacked heads (`grouped_query_attention`; exact parity with transformers holds).
+    CPU reduced precision: transformers' own SDPA call for a one-row group, where it is the accuracy
+    contract's reference bit for bit (a stacked call rounds differently in ~5 % of bfloat16 outputs, which
+    cost greedy agreement 84 % vs 100 % at batch 1); eager for more rows, where batching has already
+    changed the rounding of every matmul: torch's CPU flash kernel makes small GEMM calls per row and
+    head, and two batched matmuls and a softmax over the whole staged buffers take 0.3-0.6x its time at
+    16-64 rows and 256-2,048 keys on an AVX-512 BF16 host (docs/benchmarks.md, "Decode attention in
+    bfloat16"). CUDA: transformers' call (its fused kernels)."""
+    return query.device.type == "cpu" and query.dtype != torch.float32 and query.shape[0] > 1
+
+
+def _key_mask(group: DecodeGroup, keys: int) -> torch.Tensor | None:
+    """[G, 1, 1, keys] bool, True where a key is inside its row's context; None if every key is."""
+    if keys == group.context_len:
+        return group.mask
+    positions = torch.arange(keys, device=group.rows.device)
+    lens = torch.tensor(group.lens, device=group.rows.device)
+    return (positions.unsqueeze(0) < lens.unsqueeze(1)).view(len(group.lens), 1, 1, keys)
+
+
+def eager_grouped_query_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """As `grouped_query_attention`, in transformers' eager formulation: scores in the K/V dtype, softmax
+    in float32, probabilities back in the K/V dtype for the value matmul.
+
+    query: [G, heads, d]; key, value: [G, kvh, L, d], each (row, head) dense (a sliced buffer makes the
+    batched matmuls copy it); mask: [G, 1, 1, L] bool or None -> [G, heads, d]."""
+    groups, kv_heads, _, dim = key.shape
+    stacked = query.reshape(groups, kv_heads, query.shape[1] // kv_heads, dim)
+    scores = torch.matmul(stacked, key.transpose(-1, -2)).float().mul_(scale)  # [G, kvh, heads/kvh, L]
+    if mask is not None:
+        scores.masked_fill_(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1).to(value.dtype)
+    return torch.matmul(probs, value).reshape(groups, query.shape[1], dim)
 
 
 def grouped_query_attention(

@@ -53,7 +53,10 @@ class DecodeKv(Protocol):
         index: int,
         group: DecodeGroup,
         new_kv: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The group's K and V, each [G, kvh, C, d] with C >= group.context_len: keys from
+        group.context_len on are padding (finite, to be masked)."""
+        ...
 
     def reset(self) -> None: ...
 
@@ -158,7 +161,7 @@ class StagedKv:
         step = self._steps[index]
         if step is None:
             return self.gathered.group_kv(cache, layer, index, group, new_kv)
-        staged, length = step.staged, group.context_len
+        staged = step.staged
         if step.rebuild:  # layers run in order 0..n-1: layer 0 starts the lists afresh
             key, value = self.gathered.group_kv(cache, layer, index, group, new_kv)
             staged.keys[layer:] = [self._buffer(key, staged.capacity)]
@@ -172,7 +175,8 @@ class StagedKv:
             new_value = new_kv[1][group.rows].reshape(-1, dim)
             staged.keys[layer].view(-1, dim).index_copy_(0, step.slots, new_key)
             staged.values[layer].view(-1, dim).index_copy_(0, step.slots, new_value)
-        return staged.keys[layer][:, :, :length], staged.values[layer][:, :, :length]
+        # Whole buffers: a slice to `length` is not dense per (row, head), and a batched matmul copies it.
+        return staged.keys[layer], staged.values[layer]
 
     def _slots(self, group: DecodeGroup, capacity: int) -> torch.Tensor:
         """[G * kvh]: flat row of buffer[row, head, lens[row] - 1] for every (row, head), row-major."""
