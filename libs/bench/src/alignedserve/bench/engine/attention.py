@@ -2,7 +2,9 @@
 
 Prints JSON: for each shape (context lengths of a decode batch), the median milliseconds of one layer's
 paged decode attention (block gather + SDPA) under each grouping, and the one `ShapeSelector` picks.
-Default head shape is SmolLM2-135M's (9 heads, 3 KV heads, head_dim 64).
+With `--kernels`: for one group of equal-length rows over a staged buffer (`decode_kv.StagedKv`: 32 keys
+of headroom), the median milliseconds of each call that can attend it, the calls alternating. Default
+head shape is SmolLM2-135M's (9 heads, 3 KV heads, head_dim 64).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from alignedserve.engine.attention import (
     PaddedGrouping,
     PerSequenceGrouping,
     decode_attention,
+    eager_grouped_query_attention,
+    grouped_query_attention,
     plan_decode,
 )
 from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
@@ -69,15 +73,66 @@ def time_grouping(
     return statistics.median(samples) * 1e3
 
 
+KERNEL_SHAPES = ((4, 1024), (16, 256), (16, 1024), (64, 256), (64, 1024), (16, 2048))  # (rows, keys)
+HEADROOM = 32  # StagedKv.HEADROOM_TOKENS
+
+
+def time_kernels(rows: int, keys: int, dtype: torch.dtype, repeats: int) -> dict[str, float]:
+    """One layer's attention for `rows` rows of `keys` keys held in [rows, 3, keys + 32, 64] buffers:
+    SDPA over stacked heads on the `[:, :, :keys]` view (what bfloat16 groups ran before the eager
+    path), transformers' SDPA call on that view, and the eager formulation over the whole buffers with
+    the headroom masked (what they run now)."""
+    heads, kv_heads, dim, scale = 9, 3, 64, 64**-0.5
+    key = torch.randn(rows, kv_heads, keys + HEADROOM, dim, dtype=dtype)
+    value = torch.randn_like(key)
+    query = torch.randn(rows, heads, dim, dtype=dtype)
+    mask = (torch.arange(keys + HEADROOM) < keys).view(1, 1, 1, -1).expand(rows, 1, 1, -1)
+    view_k, view_v = key[:, :, :keys], value[:, :, :keys]
+    calls = {
+        "sdpa_stacked_on_view": lambda: grouped_query_attention(query, view_k, view_v, None, scale),
+        "sdpa_transformers_on_view": lambda: torch.nn.functional.scaled_dot_product_attention(
+            query.unsqueeze(2), view_k, view_v, scale=scale, enable_gqa=True
+        ),
+        "eager_on_buffer": lambda: eager_grouped_query_attention(query, key, value, mask, scale),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for name, call in calls.items():
+        call()  # warm-up
+    for _ in range(repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            samples[name].append(time.perf_counter() - start)
+    return {name: round(statistics.median(times) * 1e3, 3) for name, times in samples.items()}
+
+
+def kernels_report(dtype: torch.dtype, repeats: int) -> list[dict[str, object]]:
+    report: list[dict[str, object]] = []
+    for rows, keys in KERNEL_SHAPES:
+        ms = time_kernels(rows, keys, dtype, repeats)
+        speedup = ms["sdpa_stacked_on_view"] / ms["eager_on_buffer"]
+        report.append({"rows": rows, "keys": keys, "ms": ms, "eager_speedup_vs_stacked": round(speedup, 2)})
+    return report
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m alignedserve.bench.engine.attention")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--kernels", action="store_true", help="compare the calls for one staged group")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
+    if args.kernels:
+        report = {
+            "dtype": args.dtype,
+            "threads": torch.get_num_threads(),
+            "layer_ms": kernels_report(dtype, args.repeats),
+        }
+        print(json.dumps(report, indent=1))
+        return 0
     selector = ShapeSelector()
     groupings: list[DecodeGrouping] = [
         PaddedGrouping(),
