@@ -96,7 +96,7 @@ def time_kernels(rows: int, keys: int, dtype: torch.dtype, repeats: int) -> dict
         "eager_on_buffer": lambda: eager_grouped_query_attention(query, key, value, mask, scale),
     }
     samples: dict[str, list[float]] = {name: [] for name in calls}
-    for name, call in calls.items():
+    for call in calls.values():
         call()  # warm-up
     for _ in range(repeats):
         for name, call in calls.items():
