@@ -14,6 +14,7 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -88,7 +89,7 @@ def time_kernels(rows: int, keys: int, dtype: torch.dtype, repeats: int) -> dict
     query = torch.randn(rows, heads, dim, dtype=dtype)
     mask = (torch.arange(keys + HEADROOM) < keys).view(1, 1, 1, -1).expand(rows, 1, 1, -1)
     view_k, view_v = key[:, :, :keys], value[:, :, :keys]
-    calls = {
+    calls: dict[str, Callable[[], torch.Tensor]] = {
         "sdpa_stacked_on_view": lambda: grouped_query_attention(query, view_k, view_v, None, scale),
         "sdpa_transformers_on_view": lambda: torch.nn.functional.scaled_dot_product_attention(
             query.unsqueeze(2), view_k, view_v, scale=scale, enable_gqa=True
