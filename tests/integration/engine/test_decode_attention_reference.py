@@ -1,15 +1,23 @@
-"""Decode attention in bfloat16: a one-row group makes transformers' own SDPA call (the accuracy
-contract's reference at batch 1), so its outputs match bit for bit; a group of several rows is attended in
-transformers' eager formulation over stacked heads (2-3x faster than torch's CPU flash kernel) and stays
-within bfloat16 rounding of transformers' eager attention for each row alone. float32 always stacks
+"""Decode attention in bfloat16: a one-row batch makes transformers' own SDPA call (the accuracy
+contract's reference at batch 1), so its outputs match bit for bit; every group of a batch of several
+rows, one-row groups included, is attended in transformers' eager formulation over stacked heads (faster
+than torch's CPU flash kernel) and stays within bfloat16 rounding of transformers' eager attention for
+each row alone. float32 always stacks
 into SDPA (exact parity holds there)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from alignedserve.engine.attention import PaddedGrouping, decode_attention, plan_decode
+from alignedserve.engine.attention import (
+    DecodeGrouping,
+    PaddedGrouping,
+    PerSequenceGrouping,
+    decode_attention,
+    plan_decode,
+)
 from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16  # SmolLM2's attention shape
@@ -60,10 +68,13 @@ def test_bfloat16_one_row_decode_attention_is_the_reference_call_bit_for_bit() -
         assert torch.equal(ours, _reference(query, keys, values)), f"length {length}"
 
 
-def test_bfloat16_batched_decode_attention_is_within_rounding_of_eager_attention() -> None:
+@pytest.mark.parametrize("grouping", [PaddedGrouping(), PerSequenceGrouping()], ids=lambda g: g.name)
+def test_bfloat16_batched_decode_attention_is_within_rounding_of_eager_attention(
+    grouping: DecodeGrouping,
+) -> None:
     torch.manual_seed(1)
     cache = _cache()
-    lengths = [300, 17, 129, 64, 255, 1, 90, 200]  # padded into one group, masked per row
+    lengths = [300, 17, 129, 64, 255, 1, 90, 200]  # one padded group masked per row, or a group each
     rows, tables, first = [], [], 1
     for length in lengths:
         table, keys, values = _row(cache, first, length)
@@ -71,7 +82,7 @@ def test_bfloat16_batched_decode_attention_is_within_rounding_of_eager_attention
         rows.append((keys, values))
         tables.append(table)
     query = (torch.randn(len(lengths), HEADS, DIM) * 2).bfloat16()
-    plan = plan_decode(PaddedGrouping(), lengths, tables, BLOCK, cache.device)
+    plan = plan_decode(grouping, lengths, tables, BLOCK, cache.device)
     ours = decode_attention(cache, 0, query, plan, DIM**-0.5)
     for row, (keys, values) in enumerate(rows):
         reference = _eager_reference(query[row : row + 1], keys, values)

@@ -9,6 +9,7 @@ per iteration and reused by every layer. All of it is device-agnostic torch (CPU
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -127,50 +128,62 @@ def decode_attention(
     """query: [B, heads, head_dim] (one new token per row, its K/V already written to `cache`);
     new_kv: that K/V, each [B, kvh, head_dim], for a `kv` that stages it -> [B, heads, head_dim]."""
     source = kv or GatheredKv()
+    call = group_call(query)
     if len(plan) == 1 and plan[0].rows.numel() == query.shape[0]:
-        return _group_attention(cache, layer, query, 0, plan[0], scale, source, new_kv)
+        key, value = source.group_kv(cache, layer, 0, plan[0], new_kv)
+        return call(query, key, value, plan[0], scale)
     out = torch.empty_like(query)
     for index, group in enumerate(plan):
-        attended = _group_attention(cache, layer, query[group.rows], index, group, scale, source, new_kv)
-        out.index_copy_(0, group.rows, attended)
+        key, value = source.group_kv(cache, layer, index, group, new_kv)
+        out.index_copy_(0, group.rows, call(query[group.rows], key, value, group, scale))
     return out
 
 
-def _group_attention(
-    cache: PagedKvCache,
-    layer: int,
-    query: torch.Tensor,
-    index: int,
-    group: DecodeGroup,
-    scale: float,
-    kv: DecodeKv,
-    new_kv: tuple[torch.Tensor, torch.Tensor] | None,
+# One group's attention. query: [G, heads, d]; key, value: [G, kvh, C, d] as `DecodeKv.group_kv` hands
+# them (C >= group.context_len, keys past it padding) -> [G, heads, d].
+GroupCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, DecodeGroup, float], torch.Tensor]
+
+
+def group_call(query: torch.Tensor) -> GroupCall:
+    """How every group of a decode batch attends. query: [B, heads, d], the whole batch.
+
+    CPU float32: SDPA over stacked heads (exact parity with transformers holds). CPU reduced precision:
+    transformers' own SDPA call when the batch is one row, where it is the accuracy contract's reference
+    bit for bit (a stacked call rounds differently in ~5 % of bfloat16 outputs, which cost greedy
+    agreement 84 % vs 100 % at batch 1); for a batch of several rows, where batching has already
+    changed the rounding of every matmul, transformers' eager formulation over stacked heads, a one-row
+    group included: torch's CPU flash kernel makes small GEMM calls per row and head (transformers' call
+    ~5x, stacked SDPA 1.0-1.6x the eager time on an AVX-512 BF16 host, docs/benchmarks.md, "Decode
+    attention in bfloat16"). CUDA: transformers' call (its fused kernels)."""
+    if query.device.type != "cpu":
+        return _transformers_call
+    if query.dtype == torch.float32:
+        return _stacked_sdpa_call
+    return _eager_call if query.shape[0] > 1 else _transformers_call
+
+
+def _transformers_call(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: DecodeGroup, scale: float
 ) -> torch.Tensor:
-    key, value = kv.group_kv(cache, layer, index, group, new_kv)  # each [G, kvh, C >= context_len, d]
-    if _eager(query):
-        return eager_grouped_query_attention(query, key, value, _key_mask(group, key.shape[2]), scale)
     key, value = key[:, :, : group.context_len], value[:, :, : group.context_len]
-    if query.device.type == "cpu" and query.dtype == torch.float32:
-        return grouped_query_attention(query, key, value, group.mask, scale)
     out = F.scaled_dot_product_attention(
         query.unsqueeze(2), key, value, attn_mask=group.mask, scale=scale, enable_gqa=True
     )  # [G, heads, 1, d]
     return out.squeeze(2)
 
 
-def _eager(query: torch.Tensor) -> bool:
-    """Whether a group is attended in transformers' eager formulation (`eager_grouped_query_attention`)
-    rather than by an SDPA call. query: [G, heads, d].
+def _stacked_sdpa_call(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: DecodeGroup, scale: float
+) -> torch.Tensor:
+    key, value = key[:, :, : group.context_len], value[:, :, : group.context_len]
+    return grouped_query_attention(query, key, value, group.mask, scale)
 
-    CPU float32: SDPA over stacked heads (`grouped_query_attention`; exact parity with transformers holds).
-    CPU reduced precision: transformers' own SDPA call for a one-row group, where it is the accuracy
-    contract's reference bit for bit (a stacked call rounds differently in ~5 % of bfloat16 outputs, which
-    cost greedy agreement 84 % vs 100 % at batch 1); eager for more rows, where batching has already
-    changed the rounding of every matmul: torch's CPU flash kernel makes small GEMM calls per row and
-    head, and two batched matmuls and a softmax over the whole staged buffers take 0.3-0.6x its time at
-    16-64 rows and 256-2,048 keys on an AVX-512 BF16 host (docs/benchmarks.md, "Decode attention in
-    bfloat16"). CUDA: transformers' call (its fused kernels)."""
-    return query.device.type == "cpu" and query.dtype != torch.float32 and query.shape[0] > 1
+
+def _eager_call(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: DecodeGroup, scale: float
+) -> torch.Tensor:
+    # The whole buffers: a [:, :, :L] slice is not dense per (row, head), and a batched matmul copies it.
+    return eager_grouped_query_attention(query, key, value, _key_mask(group, key.shape[2]), scale)
 
 
 def _key_mask(group: DecodeGroup, keys: int) -> torch.Tensor | None:
