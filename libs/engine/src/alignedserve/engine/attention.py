@@ -151,15 +151,29 @@ def group_call(query: torch.Tensor) -> GroupCall:
     transformers' own SDPA call when the batch is one row, where it is the accuracy contract's reference
     bit for bit (a stacked call rounds differently in ~5 % of bfloat16 outputs, which cost greedy
     agreement 84 % vs 100 % at batch 1); for a batch of several rows, where batching has already
-    changed the rounding of every matmul, transformers' eager formulation over stacked heads, a one-row
-    group included: torch's CPU flash kernel makes small GEMM calls per row and head (transformers' call
-    ~5x, stacked SDPA 1.0-1.6x the eager time on an AVX-512 BF16 host, docs/benchmarks.md, "Decode
-    attention in bfloat16"). CUDA: transformers' call (its fused kernels)."""
+    changed the rounding of every matmul, transformers' eager formulation over stacked heads for a group
+    of `EAGER_MIN_ROWS` or more, SDPA over stacked heads for a smaller one: torch's CPU flash kernel makes
+    small GEMM calls per row and head (transformers' call ~5x, stacked SDPA 1.0-1.6x the eager time at
+    4-64 rows on an AVX-512 BF16 host, docs/benchmarks.md, "Decode attention in bfloat16"). CUDA:
+    transformers' call (its fused kernels)."""
     if query.device.type != "cpu":
         return _transformers_call
     if query.dtype == torch.float32:
         return _stacked_sdpa_call
-    return _eager_call if query.shape[0] > 1 else _transformers_call
+    return _by_group_rows if query.shape[0] > 1 else _transformers_call
+
+
+# From this many rows a group of a reduced-precision CPU batch takes the eager path; below it, SDPA over
+# stacked heads (0.22 vs 0.29 ms a layer at one row x 1,000 keys, 0.50 vs 0.56 at two; the eager path
+# leads from three rows and 2,000 keys: 0.96 vs 1.14 ms; AVX-512 BF16 host, one thread).
+EAGER_MIN_ROWS = 3
+
+
+def _by_group_rows(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: DecodeGroup, scale: float
+) -> torch.Tensor:
+    call = _eager_call if query.shape[0] >= EAGER_MIN_ROWS else _stacked_sdpa_call
+    return call(query, key, value, group, scale)
 
 
 def _transformers_call(
