@@ -1,10 +1,11 @@
 """Attention over the paged KV cache, for prefill chunks and for variable-length decode batches.
 
 Decode is where batch shape matters: every row has its own context length. A `DecodeGrouping` splits
-the rows into groups; each group runs one SDPA call over its rows' KV gathered block-wise and padded
-to the group's longest context (padding masked out). One group is "padded batched SDPA", one group per
-row is "per-sequence calls", groups of similar lengths are "per-length buckets". The plan is made once
-per iteration and reused by every layer. All of it is device-agnostic torch (CPU and CUDA).
+the rows into groups; each group runs one attention call (`group_call`: SDPA, or on a bfloat16 CPU the
+eager formulation) over its rows' KV gathered block-wise (or staged) and padded to the group's longest
+context (padding masked out). One group is "padded batched SDPA", one group per row is "per-sequence
+calls", groups of similar lengths are "per-length buckets". The plan is made once per iteration and
+reused by every layer. All of it is device-agnostic torch (CPU and CUDA).
 """
 
 from __future__ import annotations
