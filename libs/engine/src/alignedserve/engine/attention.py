@@ -17,7 +17,14 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from alignedserve.engine.decode_kv import DecodeGroup, DecodeKv, GatheredKv, gather_blocks
+from alignedserve.engine.decode_kv import (
+    DecodeGroup,
+    DecodeKv,
+    GatheredKv,
+    GroupKv,
+    context_mask,
+    gather_blocks,
+)
 from alignedserve.engine.kv_cache import PagedKvCache
 
 __all__ = ["DecodeGroup", "gather_blocks"]  # re-exported: the decode plan's types live in decode_kv
@@ -94,12 +101,7 @@ def plan_decode(
         longest = max(lens)
         n_blocks = -(-longest // block_size)
         tables = [_padded(block_tables[r], n_blocks) for r in rows]
-        mask = None
-        if min(lens) != longest:
-            keys = torch.arange(longest, device=device)
-            mask = (keys.unsqueeze(0) < torch.tensor(lens, device=device).unsqueeze(1)).view(
-                len(rows), 1, 1, longest
-            )
+        mask = context_mask(tuple(lens), longest, device) if min(lens) != longest else None
         plan.append(
             DecodeGroup(
                 rows=torch.tensor(rows, dtype=torch.int64, device=device),
@@ -131,18 +133,16 @@ def decode_attention(
     source = kv or GatheredKv()
     call = group_call(query)
     if len(plan) == 1 and plan[0].rows.numel() == query.shape[0]:
-        key, value = source.group_kv(cache, layer, 0, plan[0], new_kv)
-        return call(query, key, value, plan[0], scale)
+        return call(query, source.group_kv(cache, layer, 0, plan[0], new_kv), plan[0], scale)
     out = torch.empty_like(query)
     for index, group in enumerate(plan):
-        key, value = source.group_kv(cache, layer, index, group, new_kv)
-        out.index_copy_(0, group.rows, call(query[group.rows], key, value, group, scale))
+        kv_of_group = source.group_kv(cache, layer, index, group, new_kv)
+        out.index_copy_(0, group.rows, call(query[group.rows], kv_of_group, group, scale))
     return out
 
 
-# One group's attention. query: [G, heads, d]; key, value: [G, kvh, C, d] as `DecodeKv.group_kv` hands
-# them (C >= group.context_len, keys past it padding) -> [G, heads, d].
-GroupCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, DecodeGroup, float], torch.Tensor]
+# One group's attention. query: [G, heads, d]; its K/V as `DecodeKv.group_kv` hands them -> [G, heads, d].
+GroupCall = Callable[[torch.Tensor, GroupKv, DecodeGroup, float], torch.Tensor]
 
 
 def group_call(query: torch.Tensor) -> GroupCall:
@@ -170,44 +170,27 @@ def group_call(query: torch.Tensor) -> GroupCall:
 EAGER_MIN_ROWS = 3
 
 
-def _by_group_rows(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: DecodeGroup, scale: float
-) -> torch.Tensor:
+def _by_group_rows(query: torch.Tensor, kv: GroupKv, group: DecodeGroup, scale: float) -> torch.Tensor:
     call = _eager_call if query.shape[0] >= EAGER_MIN_ROWS else _stacked_sdpa_call
-    return call(query, key, value, group, scale)
+    return call(query, kv, group, scale)
 
 
-def _transformers_call(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: DecodeGroup, scale: float
-) -> torch.Tensor:
-    key, value = key[:, :, : group.context_len], value[:, :, : group.context_len]
+def _transformers_call(query: torch.Tensor, kv: GroupKv, group: DecodeGroup, scale: float) -> torch.Tensor:
+    key, value = kv.key[:, :, : group.context_len], kv.value[:, :, : group.context_len]
     out = F.scaled_dot_product_attention(
         query.unsqueeze(2), key, value, attn_mask=group.mask, scale=scale, enable_gqa=True
     )  # [G, heads, 1, d]
     return out.squeeze(2)
 
 
-def _stacked_sdpa_call(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: DecodeGroup, scale: float
-) -> torch.Tensor:
-    key, value = key[:, :, : group.context_len], value[:, :, : group.context_len]
+def _stacked_sdpa_call(query: torch.Tensor, kv: GroupKv, group: DecodeGroup, scale: float) -> torch.Tensor:
+    key, value = kv.key[:, :, : group.context_len], kv.value[:, :, : group.context_len]
     return grouped_query_attention(query, key, value, group.mask, scale)
 
 
-def _eager_call(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: DecodeGroup, scale: float
-) -> torch.Tensor:
+def _eager_call(query: torch.Tensor, kv: GroupKv, group: DecodeGroup, scale: float) -> torch.Tensor:
     # The whole buffers: a [:, :, :L] slice is not dense per (row, head), and a batched matmul copies it.
-    return eager_grouped_query_attention(query, key, value, _key_mask(group, key.shape[2]), scale)
-
-
-def _key_mask(group: DecodeGroup, keys: int) -> torch.Tensor | None:
-    """[G, 1, 1, keys] bool, True where a key is inside its row's context; None if every key is."""
-    if keys == group.context_len:
-        return group.mask
-    positions = torch.arange(keys, device=group.rows.device)
-    lens = torch.tensor(group.lens, device=group.rows.device)
-    return (positions.unsqueeze(0) < lens.unsqueeze(1)).view(len(group.lens), 1, 1, keys)
+    return eager_grouped_query_attention(query, kv.key, kv.value, kv.mask, scale)
 
 
 def eager_grouped_query_attention(

@@ -33,6 +33,27 @@ class DecodeGroup:
     lens: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class GroupKv:
+    """One group's K/V as a `DecodeKv` hands them over.
+
+    key, value: [G, kvh, C, d] with C >= the group's context_len (keys past a row's context are padding,
+    finite); mask: [G, 1, 1, C] bool, True where a key is inside its row's context, None when every key
+    is."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+    mask: torch.Tensor | None
+
+
+def context_mask(lens: tuple[int, ...], keys: int, device: torch.device) -> torch.Tensor:
+    """[len(lens), 1, 1, keys] bool: True where key position < that row's context length."""
+    positions = torch.arange(keys, device=device)
+    return (positions.unsqueeze(0) < torch.tensor(lens, device=device).unsqueeze(1)).view(
+        len(lens), 1, 1, keys
+    )
+
+
 def gather_blocks(blocks: torch.Tensor, block_tables: torch.Tensor, context_len: int) -> torch.Tensor:
     """[num_blocks, bs, kvh, d] gathered by [G, n] tables -> [G, kvh, context_len, d] (a strided view)."""
     groups, n = block_tables.shape
@@ -53,10 +74,7 @@ class DecodeKv(Protocol):
         index: int,
         group: DecodeGroup,
         new_kv: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The group's K and V, each [G, kvh, C, d] with C >= group.context_len: keys from
-        group.context_len on are padding (finite, to be masked)."""
-        ...
+    ) -> GroupKv: ...
 
     def reset(self) -> None: ...
 
@@ -74,9 +92,10 @@ class GatheredKv:
         index: int,
         group: DecodeGroup,
         new_kv: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> GroupKv:
         key = gather_blocks(cache.keys[layer], group.block_tables, group.context_len)  # [G, kvh, L, d]
-        return key, gather_blocks(cache.values[layer], group.block_tables, group.context_len)
+        value = gather_blocks(cache.values[layer], group.block_tables, group.context_len)
+        return GroupKv(key, value, group.mask)
 
     def reset(self) -> None:
         pass
@@ -104,6 +123,7 @@ class _Step:
     # [G * kvh * capacity, d]. One index_copy_ per layer: indexing the 4-d buffer with
     # [rows, :, positions] takes PyTorch's general index_put path, ~15x slower at these sizes.
     slots: torch.Tensor
+    mask: torch.Tensor  # [G, 1, 1, capacity]: the buffer's keys inside each row's context
 
 
 class StagedKv:
@@ -146,7 +166,8 @@ class StagedKv:
                 continue
             staged.lens = group.lens
             kept[ids] = staged
-            steps.append(_Step(staged, rebuild, self._slots(group, staged.capacity)))
+            mask = context_mask(group.lens, staged.capacity, group.rows.device)
+            steps.append(_Step(staged, rebuild, self._slots(group, staged.capacity), mask))
             budget -= staged.nbytes
         self._staged, self._steps = kept, steps
 
@@ -157,15 +178,15 @@ class StagedKv:
         index: int,
         group: DecodeGroup,
         new_kv: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> GroupKv:
         step = self._steps[index]
         if step is None:
             return self.gathered.group_kv(cache, layer, index, group, new_kv)
         staged = step.staged
         if step.rebuild:  # layers run in order 0..n-1: layer 0 starts the lists afresh
-            key, value = self.gathered.group_kv(cache, layer, index, group, new_kv)
-            staged.keys[layer:] = [self._buffer(key, staged.capacity)]
-            staged.values[layer:] = [self._buffer(value, staged.capacity)]
+            gathered = self.gathered.group_kv(cache, layer, index, group, new_kv)
+            staged.keys[layer:] = [self._buffer(gathered.key, staged.capacity)]
+            staged.values[layer:] = [self._buffer(gathered.value, staged.capacity)]
         else:
             if new_kv is None:
                 raise ValueError("StagedKv needs the new tokens' K/V (new_kv) to append")
@@ -175,8 +196,8 @@ class StagedKv:
             new_value = new_kv[1][group.rows].reshape(-1, dim)
             staged.keys[layer].view(-1, dim).index_copy_(0, step.slots, new_key)
             staged.values[layer].view(-1, dim).index_copy_(0, step.slots, new_value)
-        # Whole buffers: a slice to `length` is not dense per (row, head), and a batched matmul copies it.
-        return staged.keys[layer], staged.values[layer]
+        # Whole buffers: a slice to the context is not dense per (row, head), and a batched matmul copies it.
+        return GroupKv(staged.keys[layer], staged.values[layer], step.mask)
 
     def _slots(self, group: DecodeGroup, capacity: int) -> torch.Tensor:
         """[G * kvh]: flat row of buffer[row, head, lens[row] - 1] for every (row, head), row-major."""

@@ -28,6 +28,7 @@ from alignedserve.engine.attention import (
     grouped_query_attention,
     plan_decode,
 )
+from alignedserve.engine.decode_kv import StagedKv, context_mask
 from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
 from alignedserve.engine.selector import ShapeSelector
 
@@ -75,11 +76,11 @@ def time_grouping(
 
 
 KERNEL_SHAPES = ((4, 1024), (16, 256), (16, 1024), (64, 256), (64, 1024), (16, 2048))  # (rows, keys)
-HEADROOM = 32  # StagedKv.HEADROOM_TOKENS
+HEADROOM = StagedKv.HEADROOM_TOKENS
 
 
 def time_kernels(rows: int, keys: int, dtype: torch.dtype, repeats: int) -> dict[str, float]:
-    """One layer's attention for `rows` rows of `keys` keys held in [rows, 3, keys + 32, 64] buffers:
+    """One layer's attention for `rows` rows of `keys` keys held in [rows, 3, keys + HEADROOM, 64] buffers:
     SDPA over stacked heads on the `[:, :, :keys]` view (what bfloat16 groups ran before the eager
     path), transformers' SDPA call on that view, and the eager formulation over the whole buffers with
     the headroom masked (what they run now)."""
@@ -87,7 +88,7 @@ def time_kernels(rows: int, keys: int, dtype: torch.dtype, repeats: int) -> dict
     key = torch.randn(rows, kv_heads, keys + HEADROOM, dim, dtype=dtype)
     value = torch.randn_like(key)
     query = torch.randn(rows, heads, dim, dtype=dtype)
-    mask = (torch.arange(keys + HEADROOM) < keys).view(1, 1, 1, -1).expand(rows, 1, 1, -1)
+    mask = context_mask((keys,) * rows, keys + HEADROOM, key.device)
     view_k, view_v = key[:, :, :keys], value[:, :, :keys]
     calls: dict[str, Callable[[], torch.Tensor]] = {
         "sdpa_stacked_on_view": lambda: grouped_query_attention(query, view_k, view_v, None, scale),
