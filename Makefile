@@ -14,7 +14,7 @@ DIST           ?= dist
 # the workspace: one distribution per folder that has a pyproject.toml (docs/architecture.md)
 MEMBERS := $(patsubst %/pyproject.toml,%,$(wildcard libs/*/pyproject.toml services/*/pyproject.toml loadgen/pyproject.toml))
 
-.PHONY: setup dist run test unit lint typecheck chaos bench bench-e2e bench-peers paper sim-speed clean redis deploy-tools locks gpu-check gpu-wheels
+.PHONY: setup dist run test unit lint typecheck chaos bench bench-e2e bench-peers paper sim-speed clean redis deploy-tools locks locks-upgrade gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -81,8 +81,12 @@ $(PROMTOOL):
 	rm -rf $(TOOLS)/deb
 
 # The images' lock files (docker/locks/, docker/README.md): resolved by uv for each image's platform.
+# `locks` keeps the pins that still fit the inputs; `locks-upgrade` takes the newest before EXCLUDE_NEWER.
 locks: setup
 	$(BIN)/python docker/locks/compile.py
+
+locks-upgrade: setup
+	$(BIN)/python docker/locks/compile.py --upgrade
 
 # The GPU check (docs/gpu.md): one script, one JSON object, from the source tree on the Python and torch it
 # finds (no setup on a GPU machine; missing small wheels come from var/gpu-wheels, filled by gpu-wheels).

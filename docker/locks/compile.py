@@ -1,16 +1,18 @@
 """Resolve the images' lock files with uv, for the images' platform (never for this machine).
 
     python docker/locks/compile.py           # write docker/locks/*.txt (what `make locks` runs)
-    python docker/locks/compile.py --check   # exit 1 if a lock differs from a fresh resolution
+    python docker/locks/compile.py --upgrade # the same, taking the newest releases before EXCLUDE_NEWER
+    python docker/locks/compile.py --check   # exit 1 if `make locks` would change a lock
     python docker/locks/compile.py --check --offline   # the same from uv's cache alone (no network)
 
 Exit status: 0 written / up to date, 1 stale, 3 uv could not resolve (its error on stderr: a conflict, or
 PyPI unreachable; with --offline, a release missing from uv's cache).
 
 Each lock is the full set of third-party distributions an image variant may install, pinned; the images
-install a role's distribution with `pip install --constraint <lock>` (docker/Dockerfile). Resolutions are
-reproducible: uv only sees releases uploaded before EXCLUDE_NEWER (raise it, then `make locks`, to take
-newer releases). The CPU lock needs PyTorch's CPU wheel of torch 2.13.0: from TORCH_CPU_WHEELS (a folder,
+install a role's distribution with `pip install --constraint <lock>` (docker/Dockerfile). uv keeps a
+lock's pins wherever they still satisfy the inputs (as pip-compile does with an existing output file), so a
+lock goes stale only when the inputs change, never because the index gained a release; it only sees
+releases uploaded before EXCLUDE_NEWER (raise it, then `make locks-upgrade`, to take newer ones). The CPU lock needs PyTorch's CPU wheel of torch 2.13.0: from TORCH_CPU_WHEELS (a folder,
 default /opt/wheels) when it holds one, else from PyTorch's CPU index.
 """
 
@@ -76,15 +78,18 @@ def uv() -> str:
     return found
 
 
-def compile_lock(lock: Lock, out: Path, offline: bool = False) -> None:
+def compile_lock(lock: Lock, out: Path, offline: bool = False, upgrade: bool = False) -> None:
+    """Resolve `lock` into `out`; uv prefers the pins already in `out` unless `upgrade`."""
     cmd = [
         uv(), "pip", "compile", "pyproject.toml", *(str(HERE / name) for name in lock.inputs),
         "--output-file", str(out), "--python-version", lock.python, "--python-platform", PLATFORM,
         "--exclude-newer", EXCLUDE_NEWER, "--no-python-downloads", "--quiet",
         "--custom-compile-command", "make locks", "--index-url", "https://pypi.org/simple",
     ]  # fmt: skip
-    if offline:  # resolve from uv's cache: the same pins, since EXCLUDE_NEWER hides later uploads
+    if offline:  # resolve from uv's cache: the lock's own pins are in it
         cmd.append("--offline")
+    if upgrade:
+        cmd.append("--upgrade")
     for name in lock.overrides:
         cmd += ["--override", str(HERE / name)]
     for member in workspace_members():
@@ -103,10 +108,15 @@ def pins(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="compare with a fresh resolution; write nothing")
     parser.add_argument("--lock", action="append", choices=[lock.name for lock in LOCKS], help="only these")
     parser.add_argument("--offline", action="store_true", help="resolve from uv's cache, never the network")
+    parser.add_argument(
+        "--upgrade", action="store_true", help="take the newest releases, not the lock's pins"
+    )
     args = parser.parse_args(argv)
     stale = 0
     for lock in LOCKS:
@@ -114,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             fresh = Path(tmp) / "lock.txt"
+            if lock.path.exists():  # the checked-in pins, which uv keeps where they still fit
+                shutil.copyfile(lock.path, fresh)
             try:
-                compile_lock(lock, fresh if args.check else lock.path, args.offline)
+                compile_lock(lock, fresh if args.check else lock.path, args.offline, args.upgrade)
             except subprocess.CalledProcessError:
                 print(f"{lock.name}: uv could not resolve it (its error above)", file=sys.stderr)
                 return UNRESOLVED
@@ -125,9 +137,16 @@ def main(argv: list[str] | None = None) -> int:
             want, have = pins(fresh.read_text()), pins(lock.path.read_text())
         if want != have:
             stale += 1
-            diff = difflib.unified_diff(have, want, f"{lock.name} (checked in)", f"{lock.name} (resolved)", lineterm="")
+            diff = difflib.unified_diff(
+                have, want, f"{lock.name} (checked in)", f"{lock.name} (resolved)", lineterm=""
+            )
             print("\n".join(diff))
-            print(f"{lock.path.relative_to(REPO)} is stale: run `make locks`")
+            fix = (
+                "newer releases: run `make locks-upgrade`"
+                if args.upgrade
+                else "its inputs changed: run `make locks`"
+            )
+            print(f"{lock.path.relative_to(REPO)} is stale ({fix})")
         else:
             print(f"{lock.path.relative_to(REPO)} is up to date")
     return 1 if stale else 0

@@ -98,9 +98,9 @@ def _check(lock: str, *flags: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("lock", [lock.name for lock in locks.LOCKS])
 def test_the_lock_is_what_the_resolver_gives_for_the_images_platform(lock: str) -> None:
     """uv resolves for linux x86_64 and the image's Python (not this machine), from PyPI as of the lock's
-    EXCLUDE_NEWER date, and must give the checked-in pins (`make locks` rewrites them). Without PyPI it
-    resolves from uv's cache (the same pins: the date hides later uploads); with neither it skips, saying
-    so — a conflict still fails."""
+    EXCLUDE_NEWER date, keeping the checked-in pins that still fit, and must give them all back: `make
+    locks` would change nothing (a release the index gained since does not make a lock stale). Without
+    PyPI it resolves from uv's cache; with neither it skips, saying so — a conflict still fails."""
     spec = next(candidate for candidate in locks.LOCKS if candidate.name == lock)
     if spec.cpu_torch and locks.local_cpu_wheels() is None:
         pytest.skip("PyTorch's CPU wheel of torch 2.13.0 is not on this machine (TORCH_CPU_WHEELS)")
