@@ -18,8 +18,10 @@ from alignedserve.engine.attention import (
     PaddedGrouping,
     PerSequenceGrouping,
     decode_attention,
+    eager_grouped_query_attention,
     plan_decode,
 )
+from alignedserve.engine.decode_kv import additive_mask, context_mask
 from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16  # SmolLM2's attention shape
@@ -97,3 +99,19 @@ def test_bfloat16_batched_decode_attention_is_within_rounding_of_its_reference(
         expected = reference(query[row : row + 1], keys, values)
         # bfloat16 keeps 8 significant bits: two batch shapes' roundings differ by a unit in the last place
         torch.testing.assert_close(ours[row : row + 1], expected, rtol=2**-7, atol=2**-7)
+
+
+def test_the_eager_call_adds_the_mask_as_a_bias_with_the_values_of_masking_the_scores() -> None:
+    """The eager path adds `additive_mask` while it scales (one pass); masking the scaled float32 scores
+    afterwards, as transformers' eager attention does, gives the same probabilities bit for bit."""
+    torch.manual_seed(2)
+    rows, keys, scale = 5, 40, DIM**-0.5
+    query = torch.randn(rows, HEADS, DIM).bfloat16()
+    key, value = torch.randn(2, rows, KV_HEADS, keys, DIM).bfloat16().unbind(0)
+    mask = context_mask((40, 33, 17, 1, 25), keys, query.device)
+    stacked = query.reshape(rows, KV_HEADS, HEADS // KV_HEADS, DIM)
+    scores = torch.matmul(stacked, key.transpose(-1, -2)).float() * scale
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).bfloat16()
+    expected = torch.matmul(probs, value).reshape(rows, HEADS, DIM)
+    got = eager_grouped_query_attention(query, key, value, additive_mask(mask), scale)
+    assert torch.equal(got, expected)

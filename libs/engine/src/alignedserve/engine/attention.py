@@ -22,6 +22,7 @@ from alignedserve.engine.decode_kv import (
     DecodeKv,
     GatheredKv,
     GroupKv,
+    additive_mask,
     context_mask,
     gather_blocks,
 )
@@ -107,6 +108,7 @@ def plan_decode(
                 rows=torch.tensor(rows, dtype=torch.int64, device=device),
                 block_tables=torch.tensor(tables, dtype=torch.int64, device=device),
                 mask=mask,
+                bias=additive_mask(mask),
                 context_len=longest,
                 lens=tuple(lens),
             )
@@ -190,23 +192,25 @@ def _stacked_sdpa_call(query: torch.Tensor, kv: GroupKv, group: DecodeGroup, sca
 
 def _eager_call(query: torch.Tensor, kv: GroupKv, group: DecodeGroup, scale: float) -> torch.Tensor:
     # The whole buffers: a [:, :, :L] slice is not dense per (row, head), and a batched matmul copies it.
-    return eager_grouped_query_attention(query, kv.key, kv.value, kv.mask, scale)
+    return eager_grouped_query_attention(query, kv.key, kv.value, kv.bias, scale)
 
 
 def eager_grouped_query_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
     """As `grouped_query_attention`, in transformers' eager formulation: scores in the K/V dtype, softmax
     in float32, probabilities back in the K/V dtype for the value matmul.
 
     query: [G, heads, d]; key, value: [G, kvh, L, d], each (row, head) dense (a sliced buffer makes the
-    batched matmuls copy it); mask: [G, 1, 1, L] bool or None -> [G, heads, d]."""
+    batched matmuls copy it); bias: [G, 1, 1, L] float32 (`additive_mask`: 0 or -inf) or None
+    -> [G, heads, d]."""
     groups, kv_heads, _, dim = key.shape
     stacked = query.reshape(groups, kv_heads, query.shape[1] // kv_heads, dim)
-    scores = torch.matmul(stacked, key.transpose(-1, -2)).float().mul_(scale)  # [G, kvh, heads/kvh, L]
-    if mask is not None:
-        scores.masked_fill_(~mask, float("-inf"))
-    probs = scores.softmax(dim=-1).to(value.dtype)
+    scores = torch.matmul(stacked, key.transpose(-1, -2))  # [G, kvh, heads/kvh, L] in the K/V dtype
+    # float32 scaled scores plus the mask, in one pass (the same values as converting, scaling and
+    # masking in three: the scale multiplies in float32 either way).
+    scaled = scores.float().mul_(scale) if bias is None else torch.add(bias, scores, alpha=scale)
+    probs = scaled.softmax(dim=-1).to(value.dtype)
     return torch.matmul(probs, value).reshape(groups, query.shape[1], dim)
 
 

@@ -24,11 +24,13 @@ class DecodeGroup:
 
     rows: [G] int64 row indices into the batch; block_tables: [G, n_blocks] int64 (padded with 0);
     mask: [G, 1, 1, n_blocks * block_size] bool, True where a key is inside that row's context;
-    None when every row's context fills the group exactly (no padding). lens: each row's context."""
+    None when every row's context fills the group exactly (no padding); bias: the same as
+    `additive_mask` gives it. lens: each row's context."""
 
     rows: torch.Tensor
     block_tables: torch.Tensor
     mask: torch.Tensor | None
+    bias: torch.Tensor | None
     context_len: int  # keys per row after trimming the padded gather
     lens: tuple[int, ...]
 
@@ -39,11 +41,12 @@ class GroupKv:
 
     key, value: [G, kvh, C, d] with C >= the group's context_len (keys past a row's context are padding,
     finite); mask: [G, 1, 1, C] bool, True where a key is inside its row's context, None when every key
-    is."""
+    is; bias: that mask as `additive_mask` gives it (for calls that add it to their scores)."""
 
     key: torch.Tensor
     value: torch.Tensor
     mask: torch.Tensor | None
+    bias: torch.Tensor | None
 
 
 def context_mask(lens: tuple[int, ...], keys: int, device: torch.device) -> torch.Tensor:
@@ -52,6 +55,14 @@ def context_mask(lens: tuple[int, ...], keys: int, device: torch.device) -> torc
     return (positions.unsqueeze(0) < torch.tensor(lens, device=device).unsqueeze(1)).view(
         len(lens), 1, 1, keys
     )
+
+
+def additive_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A bool key mask as float32 scores to add: 0 where True, -inf where False. Made once an iteration,
+    so a call adds it in the pass that scales its scores (one float32 pass instead of three)."""
+    if mask is None:
+        return None
+    return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def gather_blocks(blocks: torch.Tensor, block_tables: torch.Tensor, context_len: int) -> torch.Tensor:
@@ -95,7 +106,7 @@ class GatheredKv:
     ) -> GroupKv:
         key = gather_blocks(cache.keys[layer], group.block_tables, group.context_len)  # [G, kvh, L, d]
         value = gather_blocks(cache.values[layer], group.block_tables, group.context_len)
-        return GroupKv(key, value, group.mask)
+        return GroupKv(key, value, group.mask, group.bias)
 
     def reset(self) -> None:
         pass
@@ -124,6 +135,7 @@ class _Step:
     # [rows, :, positions] takes PyTorch's general index_put path, ~15x slower at these sizes.
     slots: torch.Tensor
     mask: torch.Tensor  # [G, 1, 1, capacity]: the buffer's keys inside each row's context
+    bias: torch.Tensor  # the mask as additive_mask gives it
 
 
 class StagedKv:
@@ -167,7 +179,9 @@ class StagedKv:
             staged.lens = group.lens
             kept[ids] = staged
             mask = context_mask(group.lens, staged.capacity, group.rows.device)
-            steps.append(_Step(staged, rebuild, self._slots(group, staged.capacity), mask))
+            bias = additive_mask(mask)
+            assert bias is not None
+            steps.append(_Step(staged, rebuild, self._slots(group, staged.capacity), mask, bias))
             budget -= staged.nbytes
         self._staged, self._steps = kept, steps
 
@@ -197,7 +211,7 @@ class StagedKv:
             staged.keys[layer].view(-1, dim).index_copy_(0, step.slots, new_key)
             staged.values[layer].view(-1, dim).index_copy_(0, step.slots, new_value)
         # Whole buffers: a slice to the context is not dense per (row, head), and a batched matmul copies it.
-        return GroupKv(staged.keys[layer], staged.values[layer], step.mask)
+        return GroupKv(staged.keys[layer], staged.values[layer], step.mask, step.bias)
 
     def _slots(self, group: DecodeGroup, capacity: int) -> torch.Tensor:
         """[G * kvh]: flat row of buffer[row, head, lens[row] - 1] for every (row, head), row-major."""

@@ -28,7 +28,7 @@ from alignedserve.engine.attention import (
     grouped_query_attention,
     plan_decode,
 )
-from alignedserve.engine.decode_kv import StagedKv, context_mask
+from alignedserve.engine.decode_kv import StagedKv, additive_mask, context_mask
 from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
 from alignedserve.engine.selector import ShapeSelector
 
@@ -88,14 +88,14 @@ def time_kernels(rows: int, keys: int, dtype: torch.dtype, repeats: int) -> dict
     key = torch.randn(rows, kv_heads, keys + HEADROOM, dim, dtype=dtype)
     value = torch.randn_like(key)
     query = torch.randn(rows, heads, dim, dtype=dtype)
-    mask = context_mask((keys,) * rows, keys + HEADROOM, key.device)
+    bias = additive_mask(context_mask((keys,) * rows, keys + HEADROOM, key.device))
     view_k, view_v = key[:, :, :keys], value[:, :, :keys]
     calls: dict[str, Callable[[], torch.Tensor]] = {
         "sdpa_stacked_on_view": lambda: grouped_query_attention(query, view_k, view_v, None, scale),
         "sdpa_transformers_on_view": lambda: torch.nn.functional.scaled_dot_product_attention(
             query.unsqueeze(2), view_k, view_v, scale=scale, enable_gqa=True
         ),
-        "eager_on_buffer": lambda: eager_grouped_query_attention(query, key, value, mask, scale),
+        "eager_on_buffer": lambda: eager_grouped_query_attention(query, key, value, bias, scale),
     }
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for call in calls.values():
