@@ -55,6 +55,10 @@ class LinearKernel(Protocol):
         of one [T, sum(out_i)] result)."""
         ...
 
+    def fused(self, group: FusedGroup, x: torch.Tensor) -> torch.Tensor:
+        """The same side by side: [T, in] -> [T, sum(out_i)], in group order."""
+        ...
+
 
 class TorchLinear:
     name = "torch"
@@ -65,6 +69,9 @@ class TorchLinear:
 
     def many(self, group: FusedGroup, x: torch.Tensor) -> list[torch.Tensor]:
         return [module(x) for module in group]
+
+    def fused(self, group: FusedGroup, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat(self.many(group, x), dim=-1)
 
 
 class PackedCpuLinear:
@@ -88,11 +95,13 @@ class PackedCpuLinear:
         return _packed_linear(x, entry)
 
     def many(self, group: FusedGroup, x: torch.Tensor) -> list[torch.Tensor]:
+        return list(torch.split(self.fused(group, x), [m.out_features for m in group], dim=-1))
+
+    def fused(self, group: FusedGroup, x: torch.Tensor) -> torch.Tensor:
         entry = self._packed.get(tuple(id(m) for m in group))
-        if entry is None:
-            return [module(x) for module in group]
-        fused = _packed_linear(x, entry)  # [T, sum(out_i)]
-        return list(torch.split(fused, [m.out_features for m in group], dim=-1))
+        if entry is None:  # a group the model did not name at load
+            return torch.cat([module(x) for module in group], dim=-1)
+        return _packed_linear(x, entry)
 
 
 def _pack(group: FusedGroup) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -127,6 +136,9 @@ class RowTunedLinear:
 
     def many(self, group: FusedGroup, x: torch.Tensor) -> list[torch.Tensor]:
         return (self.packed if x.shape[0] >= self.min_rows else self._torch).many(group, x)
+
+    def fused(self, group: FusedGroup, x: torch.Tensor) -> torch.Tensor:
+        return (self.packed if x.shape[0] >= self.min_rows else self._torch).fused(group, x)
 
 
 _PACKED: weakref.WeakKeyDictionary[Any, PackedCpuLinear] = weakref.WeakKeyDictionary()

@@ -69,7 +69,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
 
-    def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Any:
+    def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Any:  # sin: signed
         return rotary(q, cos, sin), rotary(k, cos, sin)
 
     def gated_silu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
