@@ -4,8 +4,9 @@ For every (dtype, prefix, batch) case, three systems decode the same prompt (rep
 greedy, EOS ignored) with the same model: the engine, transformers `generate` on a static batch, and
 transformers continuous batching. Only decode is timed (see bench_engine / bench_hf); each system's
 figure is batch / median iteration time, and with `--repeats` rounds (systems interleaved per round)
-the median over rounds. Also measured: the matmul roofline at the model's linear shapes and the
-mixed/aligned iteration ratio of the engine (the effect prefix-aware batching removes).
+the median over rounds. Also measured: the matmul roofline at the model's linear shapes (weights in
+cache; and every layer's own weights streamed from memory, as a step reads them) and the mixed/aligned
+iteration ratio of the engine (the effect prefix-aware batching removes).
 """
 
 from __future__ import annotations
@@ -230,11 +231,13 @@ def _kv_needs(loaded: Any, dtype: str, batch: int, prefix: int, steps: int) -> d
 def _rooflines(shapes: Any, batches: list[int], dtype: str) -> list[dict[str, Any]]:
     import torch
 
-    from alignedserve.bench.engine.roofline import measure_roofline
+    from alignedserve.bench.engine.roofline import measure_roofline, measure_streamed_linears
 
+    streamed = measure_streamed_linears(shapes, batches, getattr(torch, dtype))
     rows = []
     for batch in batches:
         roof = measure_roofline(shapes, batch, getattr(torch, dtype))
+        flops = shapes.linear_flops_per_token * batch
         rows.append(
             {
                 "dtype": dtype,
@@ -242,6 +245,9 @@ def _rooflines(shapes: Any, batches: list[int], dtype: str) -> list[dict[str, An
                 "linear_gflops": round(roof.gflops, 2),
                 "peak_gflops": round(roof.peak_gflops, 2),
                 "linear_bound_tok_s": round(roof.linear_bound_tok_s, 2),
+                # every layer's own weight, read from memory as a step reads it
+                "streamed_linear_gflops": round(flops / streamed[batch] / 1e9, 2),
+                "streamed_linear_bound_tok_s": round(batch / streamed[batch], 2),
             }
         )
     return rows
@@ -272,6 +278,9 @@ def _fractions(report: dict[str, Any], shapes: Any, dtype: str) -> list[dict[str
                 "fraction_of_linear_roofline": round(engine_gflops / roof["linear_gflops"], 3),
                 "fraction_of_peak_shape": round(engine_gflops / roof["peak_gflops"], 3),
                 "engine_over_linear_bound_tok_s": round(case["engine_tok_s"] / roof["linear_bound_tok_s"], 3),
+                "engine_over_streamed_linear_bound_tok_s": round(
+                    case["engine_tok_s"] / roof["streamed_linear_bound_tok_s"], 3
+                ),
                 "bytes_per_step": step_bytes,
                 "engine_gb_s": round(engine_gb_s, 2),
                 "fraction_of_read_bandwidth": round(engine_gb_s / report["read_gb_s"], 3),

@@ -6,6 +6,11 @@ iteration can take here; its FLOPs over that time is the roofline the engine's b
 compared with (the engine also does attention, norms and sampling, so it stays below it). A step
 also reads every weight once and each row's K/V: over the machine's read bandwidth (the best time to sum
 a tensor far larger than the caches) that is the memory roofline.
+
+The matmul roofline times each shape alone and repeated, so its weight is in cache. A decode step reads
+every layer's own weights, from memory (SmolLM2: 270 MB in bfloat16, past any cache), and at small
+batches a GEMM then waits on memory as well as computing: `measure_streamed_linears` times one pass over
+as many distinct weights as the model has, the linear part of a step as the engine meets it.
 """
 
 from __future__ import annotations
@@ -94,6 +99,31 @@ def measure_roofline(shapes: LinearShapes, batch: int, dtype: torch.dtype, repea
         peak = max(peak, 2 * batch * out * inp / seconds / 1e9)
     flops = shapes.linear_flops_per_token * batch
     return Roofline(batch, str(dtype).removeprefix("torch."), total_s, flops / total_s / 1e9, peak)
+
+
+def measure_streamed_linears(
+    shapes: LinearShapes, batches: list[int], dtype: torch.dtype, repeats: int = 5
+) -> dict[int, float]:
+    """batch -> best seconds of one pass through a distinct weight per linear of the model (as many as it
+    has, in its order of shapes), with the kernel the engine uses (oneDNN-packed where available)."""
+    packed = packed_available(dtype, torch.device("cpu"))
+    weights: list[torch.Tensor] = []
+    for (out, inp), count in shapes.counts.items():
+        for _ in range(count):
+            w = torch.randn(out, inp, dtype=dtype)
+            weights.append(torch.ops.mkldnn._reorder_linear_weight(w, PACKING_HINT_ROWS) if packed else w)
+    inputs = [inp for (_, inp), count in shapes.counts.items() for _ in range(count)]  # per weight
+    kernel = _packed_linear if packed else F.linear
+    seconds = {}
+    for batch in batches:
+        xs = {inp: torch.randn(batch, inp, dtype=dtype) for inp in set(inputs)}
+
+        def one_pass(xs: dict[int, torch.Tensor] = xs) -> None:
+            for inp, w in zip(inputs, weights, strict=True):
+                kernel(xs[inp], w)
+
+        seconds[batch] = _best_seconds(one_pass, (), repeats)
+    return seconds
 
 
 def measure_read_bandwidth(megabytes: int = 512, repeats: int = 9) -> float:
