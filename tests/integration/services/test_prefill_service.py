@@ -320,6 +320,31 @@ async def test_a_full_pool_makes_prefill_back_off_until_room_frees(stack: Stack,
     await eventually(lambda: stack.pool.metric("alignedserve:kv_pool_used_bytes") == 0, "an empty pool")
 
 
+async def test_the_next_forward_runs_while_a_hand_off_waits_and_the_one_after_waits_for_it(stack: Stack, bus: Bus, inbox: Inbox, endpoint: TransferEndpoint) -> None:  # fmt: skip
+    """A forward's KV hand-offs run while the next forward computes, not before it; the forward after
+    that waits for them, so a full pool holds back at most one forward's KV."""
+    await eventually(lambda: stack.pool.metric("alignedserve:kv_pool_used_bytes") == 0, "an empty pool")
+    filler_id, filler = f"filler-{os.urandom(3).hex()}", np.ones(POOL_BYTES - 4096, np.uint8)
+    await endpoint.push(stack.pool_address, filler_id, b"", filler)
+    waiting, next_one, held_back = (request(prompt_of(20, seed=30 + i)) for i in range(3))  # 10 KiB each
+    await bus.publish(topics.PREFILL, waiting)
+    await inbox.take(TokenBatch, first_entry_of(waiting.request_id))  # its hand-off now backs off
+    await bus.publish(topics.PREFILL, next_one)
+    await inbox.take(TokenBatch, first_entry_of(next_one.request_id))  # its forward ran meanwhile
+    await bus.publish(topics.PREFILL, held_back)
+    await asyncio.sleep(1.0)
+    assert not [
+        b for b in inbox.messages if isinstance(b, TokenBatch) and first_entry_of(held_back.request_id)(b)
+    ]
+    assert not [m for m in inbox.messages if isinstance(m, KvReady)]
+    await endpoint.pull(stack.pool_address, filler_id, np.zeros_like(filler))  # room frees
+    for sent in (waiting, next_one, held_back):
+        ready = await inbox.take(KvReady, for_request(sent.request_id))
+        envelope, _ = await pull_from(endpoint, ready.location, sent.request_id)
+        assert envelope.prompt_token_ids == sent.prompt_token_ids
+    await eventually(lambda: stack.pool.metric("alignedserve:kv_pool_used_bytes") == 0, "an empty pool")
+
+
 async def test_sigterm_loses_no_acknowledged_prompt(stack: Stack, bus: Bus, inbox: Inbox) -> None:
     """Last in the module: it stops the prefill worker, with the pool full (each of these prompts' KV
     is 50 KiB of the 64 KiB pool). Every prompt ends one of three ways: handed off (KvReady), failed

@@ -5,7 +5,9 @@
    `max_prefill_tokens`, shortest first by default). A prompt whose first token comes out of a forward
    is done at once, whatever else is still prefilling: its first token goes to its gateway, its KV to
    the kvpool (UCX push; *pool full* → back off and retry, taking no new prompts), then it is announced
-   to the batcher (`KvReady`) and its blocks are freed.
+   to the batcher (`KvReady`) and its blocks are freed. One forward's hand-offs run while the next
+   forward computes (waiting for the push's round trip left the engine idle); the forward after that
+   waits for them, so at most one forward's KV waits for a full pool.
 2. Staging (its `stage` topic): for a `BatchPlan` it pulls each request's KV from where it is into its
    candidate buffers and tells the decode worker (`PrefetchDone`); decode workers pull from there, and
    push evicted requests' KV into its candidate request buffer.
@@ -77,6 +79,7 @@ class PrefillWorker:
         self._room.set()
         self._holding_drain = False  # queued and prefilling prompts count as in-flight work
         self._prefilling: dict[str, PrefillRequest] = {}  # in the engine, by id, until their first token
+        self._handing_off: asyncio.Task[None] | None = None  # the last forward's KV hand-offs
 
     async def _publish(self, messages: list[Publish]) -> None:
         for topic, message in messages:
@@ -171,7 +174,25 @@ class PrefillWorker:
             return
         self.metrics.prompt_tokens.inc(sum(len(item.request.prompt_token_ids) for item in done))
         await self._publish(self.core.first_tokens(done))
-        await asyncio.gather(*(self._hand_off(item) for item in done))
+        await self.handed_off()  # the forward before this one's: a full pool holds the next forward back
+        self.runtime.drain.enter()  # counted from now: a drain waits for these hand-offs
+        self._handing_off = asyncio.create_task(self._hand_off_all(done))
+
+    async def handed_off(self) -> None:
+        """Wait for the last forward's hand-offs to finish (they run while the next forward computes)."""
+        if self._handing_off is not None:
+            task, self._handing_off = self._handing_off, None
+            await task
+
+    async def _hand_off_all(self, done: list[Prefilled[KvExport]]) -> None:
+        try:
+            await asyncio.gather(*(self._hand_off(item) for item in done))
+        except BusUnavailable as exc:  # their requests end at their gateway, which lost the bus too
+            log.warning("prefill_unpublished", error=str(exc))
+        except Exception:  # a hand-off bug must not stop the next forward; each request's lines say which
+            log.exception("kv_hand_off_failed", requests=[item.request.request_id for item in done])
+        finally:
+            self.runtime.drain.leave()
 
     def _refusal(self, request: PrefillRequest) -> str | None:
         """Why the engine would refuse the request (too long, bad ids or sampling); None: it takes it."""
