@@ -19,7 +19,7 @@ from alignedserve.bench.e2e.peers import (
 )
 from alignedserve.bench.e2e.runs import RunRow, RunScale, select_workloads, standard_workloads
 from alignedserve.core.workloads.build import build_specs
-from alignedserve.loadgen.scrape import counter_delta, decode_stats, parse_samples
+from alignedserve.loadgen.scrape import busy_shares, counter_delta, decode_stats, parse_samples, prefill_stats
 
 # ---- sections ----
 
@@ -263,6 +263,29 @@ def test_decode_busy_throughput_and_iteration_time() -> None:
     after = parse_samples(exposition(500, [0.5, 0.25, 0.75, 1.0]))  # +400 tokens in 2.0 s of forwards
     stats = decode_stats(counter_delta(before, after))
     assert stats == {
+        "decode_busy_s": pytest.approx(2.0),
         "decode_busy_tokens_per_s": pytest.approx(200.0),
         "mean_decode_iteration_ms": pytest.approx(2000 / 3),
     }
+    assert busy_shares(stats, 8.0) == {"decode_busy_share": pytest.approx(0.25)}
+
+
+def test_prefill_busy_time_and_its_share_of_the_run() -> None:
+    def exposition(tokens: float, forward_s: list[float]) -> str:
+        registry = CollectorRegistry()
+        Counter("alignedserve:prompt_tokens", "tokens", registry=registry).inc(tokens)
+        hist = Histogram("alignedserve:prefill_forward_seconds", "forward", buckets=(0.5,), registry=registry)
+        for seconds in forward_s:
+            hist.observe(seconds)
+        return generate_latest(registry).decode()
+
+    before = parse_samples(exposition(1000, [1.0]))
+    after = parse_samples(exposition(1900, [1.0, 0.5, 1.0]))  # +900 prompt tokens in 1.5 s of forwards
+    stats = prefill_stats(counter_delta(before, after))
+    assert stats == {
+        "prefill_forwards": 2.0,
+        "prefill_busy_s": pytest.approx(1.5),
+        "prefill_busy_tokens_per_s": pytest.approx(600.0),
+    }
+    assert busy_shares(stats, 3.0) == {"prefill_busy_share": pytest.approx(0.5)}
+    assert busy_shares(stats, 0.0) == {} and prefill_stats({}) == {}

@@ -23,6 +23,8 @@ ITERATION_SECONDS = "alignedserve:decode_iteration_seconds"  # histogram: one de
 DECODE_SPREAD = "alignedserve:decode_prefix_spread_tokens"  # histogram: max - min prefix, per iteration
 BATCH_SPREAD = "alignedserve:batcher_batch_prefix_spread_tokens"  # histogram: per formed batch
 ADMISSION_STALL = "alignedserve:decode_admission_stall_seconds"  # histogram: loop waiting to admit
+PROMPT_TOKENS = "alignedserve:prompt_tokens_total"  # prefilled by the prefill workers
+PREFILL_SECONDS = "alignedserve:prefill_forward_seconds"  # histogram: one prefill forward
 
 Samples = dict[str, float]  # "name{label=value,...}" -> value, summed over the scraped endpoints
 
@@ -79,8 +81,9 @@ def _mean_of(delta: Mapping[str, float], histogram: str) -> float | None:
 def decode_stats(delta: Mapping[str, float]) -> dict[str, float]:
     """Decode-side stats of a run from the counter deltas; a stat whose metrics are absent is left out.
 
-    mixed_iteration_fraction: mixed / all decode iterations; decode_busy_tokens_per_s: tokens generated
-    per second the decode workers spent in forwards (throughput without idle time); mean spreads in tokens.
+    mixed_iteration_fraction: mixed / all decode iterations; decode_busy_s: seconds the decode workers
+    spent in forwards (summed over workers); decode_busy_tokens_per_s: tokens generated per such second
+    (throughput without idle time); mean spreads in tokens.
     """
     iterations, mixed = _sum_of(delta, ITERATIONS), _sum_of(delta, MIXED_ITERATIONS)
     tokens, busy_s = _sum_of(delta, GENERATED_TOKENS), _sum_of(delta, ITERATION_SECONDS + "_sum")
@@ -90,6 +93,7 @@ def decode_stats(delta: Mapping[str, float]) -> dict[str, float]:
         "mixed_iteration_fraction": None
         if iterations is None or mixed is None or not iterations
         else mixed / iterations,
+        "decode_busy_s": busy_s,
         "decode_busy_tokens_per_s": None if tokens is None or not busy_s else tokens / busy_s,
         "mean_decode_iteration_ms": _ms(_mean_of(delta, ITERATION_SECONDS)),
         "mean_decode_prefix_spread": _mean_of(delta, DECODE_SPREAD),
@@ -97,6 +101,29 @@ def decode_stats(delta: Mapping[str, float]) -> dict[str, float]:
         "mean_admission_stall_ms": _ms(_mean_of(delta, ADMISSION_STALL)),
     }
     return {k: v for k, v in candidates.items() if v is not None}
+
+
+def prefill_stats(delta: Mapping[str, float]) -> dict[str, float]:
+    """Prefill-side stats of a run from the counter deltas (absent metrics are left out).
+
+    prefill_busy_s: seconds the prefill workers spent in forwards (summed over workers);
+    prefill_busy_tokens_per_s: prompt tokens prefilled per such second."""
+    tokens, busy_s = _sum_of(delta, PROMPT_TOKENS), _sum_of(delta, PREFILL_SECONDS + "_sum")
+    candidates = {
+        "prefill_forwards": _sum_of(delta, PREFILL_SECONDS + "_count"),
+        "prefill_busy_s": busy_s,
+        "prefill_busy_tokens_per_s": None if tokens is None or not busy_s else tokens / busy_s,
+    }
+    return {k: v for k, v in candidates.items() if v is not None}
+
+
+def busy_shares(stats: Mapping[str, float], duration_s: float) -> dict[str, float]:
+    """Engine-seconds per second of the run: how much of a core each role's forwards kept busy (0.5:
+    half of one core's time; summed over a role's workers, so above 1 with several)."""
+    if duration_s <= 0:
+        return {}
+    roles = (("prefill", "prefill_busy_s"), ("decode", "decode_busy_s"))
+    return {f"{role}_busy_share": stats[key] / duration_s for role, key in roles if key in stats}
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -42,7 +42,7 @@ from alignedserve.bench.e2e.runs import (
 from alignedserve.bench.e2e.servers import ServerProcess, ServerStartError, free_port
 from alignedserve.core.cpu_layout import check_layout
 from alignedserve.loadgen.records import RequestRecord
-from alignedserve.loadgen.scrape import counter_delta, decode_stats, scrape
+from alignedserve.loadgen.scrape import busy_shares, counter_delta, decode_stats, prefill_stats, scrape
 
 SECTION = "bench-e2e"
 
@@ -154,7 +154,9 @@ def run_mode(
     for workload in workloads:
         before = scrape(launch.metrics_urls())
         result = run_workload(target, workload, scale)
-        stats = decode_stats(counter_delta(before, scrape(launch.metrics_urls())))
+        delta = counter_delta(before, scrape(launch.metrics_urls()))
+        stats = {**decode_stats(delta), **prefill_stats(delta)}
+        stats.update(busy_shares(stats, result.summary.duration_s))
         runs.rows.append(row_from(mode.name, workload.name, result, stats))
         runs.records[(mode.name, workload.name)] = result.records
 
@@ -229,6 +231,9 @@ SERVER_COLUMNS = (
     ("decode_busy_tokens_per_s", "decode tok/s while busy", 1.0),
     ("mean_decode_iteration_ms", "decode iteration mean ms", 1.0),
     ("mean_decode_prefix_spread", "running-batch prefix spread (tokens)", 1.0),
+    ("prefill_busy_tokens_per_s", "prefill tok/s while busy", 1.0),
+    ("prefill_busy_share", "prefill busy %", 100.0),
+    ("decode_busy_share", "decode busy %", 100.0),
 )
 
 
