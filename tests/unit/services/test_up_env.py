@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 from pathlib import Path
 from typing import get_args
 
@@ -57,3 +59,22 @@ def test_cpu_engines_get_their_layouts_placement_and_the_rest_none(monkeypatch: 
 def test_up_offers_exactly_the_layouts_there_are() -> None:
     choices = get_args(UpSettings.model_fields["cpu_layout"].annotation)
     assert set(choices) == {"auto", *LAYOUTS}
+
+
+def test_a_reply_that_is_not_http_is_not_ready() -> None:
+    """A readiness probe that reads something other than an HTTP status line (its own request, when it
+    connected to itself on an ephemeral port with no listener yet) says "not ready" rather than raising."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+
+        def echo_once() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(conn.recv(4096))
+
+        echo = threading.Thread(target=echo_once, daemon=True)
+        echo.start()
+        assert up.is_ready(f"http://127.0.0.1:{port}/ready") is False
+        echo.join(timeout=5)

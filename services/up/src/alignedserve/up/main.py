@@ -8,6 +8,7 @@ and on Ctrl-C (or SIGTERM) drains and stops them in reverse order.
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import subprocess
@@ -122,7 +123,9 @@ def is_ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=1.0) as resp:
             return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
+        # HTTPException: a reply that is not HTTP, e.g. the probe's own request read back when it
+        # connected to itself on a port in the ephemeral range with no listener yet
         return False
 
 
