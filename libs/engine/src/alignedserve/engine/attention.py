@@ -108,7 +108,7 @@ def plan_decode(
                 rows=torch.tensor(rows, dtype=torch.int64, device=device),
                 block_tables=torch.tensor(tables, dtype=torch.int64, device=device),
                 mask=mask,
-                bias=additive_mask(mask),
+                bias=None if mask is None else additive_mask(mask),
                 context_len=longest,
                 lens=tuple(lens),
             )

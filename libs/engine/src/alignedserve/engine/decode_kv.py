@@ -57,11 +57,9 @@ def context_mask(lens: tuple[int, ...], keys: int, device: torch.device) -> torc
     )
 
 
-def additive_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+def additive_mask(mask: torch.Tensor) -> torch.Tensor:
     """A bool key mask as float32 scores to add: 0 where True, -inf where False. Made once an iteration,
     so a call adds it in the pass that scales its scores (one float32 pass instead of three)."""
-    if mask is None:
-        return None
     return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
@@ -179,9 +177,9 @@ class StagedKv:
             staged.lens = group.lens
             kept[ids] = staged
             mask = context_mask(group.lens, staged.capacity, group.rows.device)
-            bias = additive_mask(mask)
-            assert bias is not None
-            steps.append(_Step(staged, rebuild, self._slots(group, staged.capacity), mask, bias))
+            steps.append(
+                _Step(staged, rebuild, self._slots(group, staged.capacity), mask, additive_mask(mask))
+            )
             budget -= staged.nbytes
         self._staged, self._steps = kept, steps
 

@@ -174,11 +174,11 @@ class PrefillWorker:
             return
         self.metrics.prompt_tokens.inc(sum(len(item.request.prompt_token_ids) for item in done))
         await self._publish(self.core.first_tokens(done))
-        await self.handed_off()  # the forward before this one's: a full pool holds the next forward back
+        await self._handed_off()  # the forward before this one's: a full pool holds the next forward back
         self.runtime.drain.enter()  # counted from now: a drain waits for these hand-offs
         self._handing_off = asyncio.create_task(self._hand_off_all(done))
 
-    async def handed_off(self) -> None:
+    async def _handed_off(self) -> None:
         """Wait for the last forward's hand-offs to finish (they run while the next forward computes)."""
         if self._handing_off is not None:
             task, self._handing_off = self._handing_off, None

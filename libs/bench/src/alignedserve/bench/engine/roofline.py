@@ -107,19 +107,20 @@ def measure_streamed_linears(
     """batch -> best seconds of one pass through a distinct weight per linear of the model (as many as it
     has, in its order of shapes), with the kernel the engine uses (oneDNN-packed where available)."""
     packed = packed_available(dtype, torch.device("cpu"))
-    weights: list[torch.Tensor] = []
+    weights: list[tuple[int, torch.Tensor]] = []  # (in features, weight as the kernel takes it)
     for (out, inp), count in shapes.counts.items():
         for _ in range(count):
             w = torch.randn(out, inp, dtype=dtype)
-            weights.append(torch.ops.mkldnn._reorder_linear_weight(w, PACKING_HINT_ROWS) if packed else w)
-    inputs = [inp for (_, inp), count in shapes.counts.items() for _ in range(count)]  # per weight
+            weights.append(
+                (inp, torch.ops.mkldnn._reorder_linear_weight(w, PACKING_HINT_ROWS) if packed else w)
+            )
     kernel = _packed_linear if packed else F.linear
     seconds = {}
     for batch in batches:
-        xs = {inp: torch.randn(batch, inp, dtype=dtype) for inp in set(inputs)}
+        xs = {inp: torch.randn(batch, inp, dtype=dtype) for inp, _ in weights}
 
         def one_pass(xs: dict[int, torch.Tensor] = xs) -> None:
-            for inp, w in zip(inputs, weights, strict=True):
+            for inp, w in weights:
                 kernel(xs[inp], w)
 
         seconds[batch] = _best_seconds(one_pass, (), repeats)
