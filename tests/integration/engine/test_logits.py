@@ -45,7 +45,7 @@ def check_prefill_then_decode(engine: LLMEngine, model: PreTrainedModel, prompts
     for index, prompt in enumerate(prompts):
         want = reference_last_logits(model, prompt)
         assert relative_error(prefill_logits[index], want) <= MAX_RELATIVE_ERROR
-    rows = [DecodeRow(next_tokens[i], len(p), tables[i]) for i, p in enumerate(prompts)]
+    rows = [DecodeRow(next_tokens[i], len(p), tables[i], serial=i) for i, p in enumerate(prompts)]
     decode_logits = engine.runner.decode(rows)
     for index, prompt in enumerate(prompts):
         want = reference_last_logits(model, [*prompt, next_tokens[index]])

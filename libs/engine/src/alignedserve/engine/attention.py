@@ -111,6 +111,7 @@ def plan_decode(
                 bias=None if mask is None else additive_mask(mask),
                 context_len=longest,
                 lens=tuple(lens),
+                batch_order=rows == list(range(len(context_lens))),
             )
         )
     return plan
@@ -134,7 +135,7 @@ def decode_attention(
     new_kv: that K/V, each [B, kvh, head_dim], for a `kv` that stages it -> [B, heads, head_dim]."""
     source = kv or GatheredKv()
     call = group_call(query)
-    if len(plan) == 1 and plan[0].rows.numel() == query.shape[0]:
+    if len(plan) == 1 and plan[0].batch_order:
         return call(query, source.group_kv(cache, layer, 0, plan[0], new_kv), plan[0], scale)
     out = torch.empty_like(query)
     for index, group in enumerate(plan):

@@ -46,11 +46,9 @@ class DecodeBackend(Protocol):
     name: str
 
     def begin(self, seq_ids: list[int], context_lens: list[int], block_tables: list[list[int]]) -> DecodeStep:
-        """seq_ids identify rows across iterations; context_lens include the new token."""
-        ...
-
-    def reset(self) -> None:
-        """Something other than decode (prefill, import) wrote the paged cache."""
+        """seq_ids identify rows across iterations (one per request the engine ever admits, so a row
+        decoding in two consecutive iterations has decode alone writing its K/V between them);
+        context_lens include the new token."""
         ...
 
 
@@ -102,11 +100,7 @@ class SdpaDecode:
     def begin(self, seq_ids: list[int], context_lens: list[int], block_tables: list[list[int]]) -> DecodeStep:
         grouping = self.selector.select(context_lens)
         plan = plan_decode(grouping, context_lens, block_tables, self.block_size, self.device)
-        self.kv.begin(seq_ids, plan)
-        return _SdpaStep(grouping.name, list(plan), self.kv)
-
-    def reset(self) -> None:
-        self.kv.reset()
+        return _SdpaStep(grouping.name, list(self.kv.begin(seq_ids, plan)), self.kv)
 
 
 class _ReferenceStep:
@@ -140,9 +134,6 @@ class ReferenceDecode:
     def begin(self, seq_ids: list[int], context_lens: list[int], block_tables: list[list[int]]) -> DecodeStep:
         tables = [torch.tensor(t, dtype=torch.int64, device=self.device) for t in block_tables]
         return _ReferenceStep(context_lens, tables)
-
-    def reset(self) -> None:
-        pass
 
 
 def paged_decode_reference(

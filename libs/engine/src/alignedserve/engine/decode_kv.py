@@ -2,14 +2,18 @@
 staged in contiguous per-group buffers that persist while the decode batch is stable.
 
 The paged cache stays the source of truth (export, import and eviction read it); a staged buffer is a
-copy of one group's K/V laid out as SDPA wants it, [G, kv_heads, capacity, head_dim] per layer. While
-the group keeps the same rows, each iteration writes only the new token's K/V into it (next to the
-paged write) instead of re-gathering every row's blocks; the buffer is rebuilt (one gather) when the
-group's rows change, when its headroom runs out, or after anything else wrote the paged cache.
+copy of one group's K/V laid out as SDPA wants it, [slots, kv_heads, capacity, head_dim] per layer, its
+rows in the first G slots. Each iteration writes only the new token's K/V into it (next to the paged
+write) instead of re-gathering every row's blocks. When rows leave or join, the buffer is edited in
+place: a kept row from the tail moves into each leaver's slot, and joiners' blocks are gathered into
+the free slots after the kept rows (the group's rows are then listed in slot order). It is rebuilt (one
+gather of every row) when its key headroom runs out, when more rows join than it has slots, or after
+anything else wrote the paged cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,7 +29,8 @@ class DecodeGroup:
     rows: [G] int64 row indices into the batch; block_tables: [G, n_blocks] int64 (padded with 0);
     mask: [G, 1, 1, n_blocks * block_size] bool, True where a key is inside that row's context;
     None when every row's context fills the group exactly (no padding); bias: the same as
-    `additive_mask` gives it. lens: each row's context."""
+    `additive_mask` gives it. lens: each row's context. batch_order: rows are 0..G-1 of the batch in
+    order, so a one-group batch attends its query as it is (no gather of rows, no scatter back)."""
 
     rows: torch.Tensor
     block_tables: torch.Tensor
@@ -33,6 +38,7 @@ class DecodeGroup:
     bias: torch.Tensor | None
     context_len: int  # keys per row after trimming the padded gather
     lens: tuple[int, ...]
+    batch_order: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +80,9 @@ def gather_blocks(blocks: torch.Tensor, block_tables: torch.Tensor, context_len:
 class DecodeKv(Protocol):
     """Supplies each decode group's K/V; `begin` is called once per iteration, before any layer."""
 
-    def begin(self, seq_ids: list[int], plan: list[DecodeGroup]) -> None: ...
+    def begin(self, seq_ids: list[int], plan: list[DecodeGroup]) -> list[DecodeGroup]:
+        """-> the plan every layer of this iteration runs: `plan`, a group's rows possibly reordered."""
+        ...
 
     def group_kv(
         self,
@@ -85,14 +93,12 @@ class DecodeKv(Protocol):
         new_kv: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> GroupKv: ...
 
-    def reset(self) -> None: ...
-
 
 class GatheredKv:
     """Gathers every group's blocks each layer of each iteration (no state)."""
 
-    def begin(self, seq_ids: list[int], plan: list[DecodeGroup]) -> None:
-        pass
+    def begin(self, seq_ids: list[int], plan: list[DecodeGroup]) -> list[DecodeGroup]:
+        return plan
 
     def group_kv(
         self,
@@ -106,30 +112,46 @@ class GatheredKv:
         value = gather_blocks(cache.values[layer], group.block_tables, group.context_len)
         return GroupKv(key, value, group.mask, group.bias)
 
-    def reset(self) -> None:
-        pass
-
 
 @dataclass
 class _StagedGroup:
-    """One group's buffers: per layer K and V [G, kvh, capacity, d]; `lens`: contexts they hold."""
+    """One group's buffers: per layer K and V [slots, kvh, capacity, d], the live rows in the first
+    len(seq_ids) slots; `lens`: the contexts those rows hold, in slot order."""
 
-    seq_ids: tuple[int, ...]
+    seq_ids: list[int]
     lens: tuple[int, ...]
     capacity: int
-    nbytes: int
+    slots: int
     keys: list[torch.Tensor] = field(default_factory=list)
     values: list[torch.Tensor] = field(default_factory=list)
+
+    def nbytes(self, bytes_per_token: int) -> int:
+        return self.slots * self.capacity * bytes_per_token
+
+
+@dataclass(frozen=True)
+class _Edit:
+    """Rows that left or joined a staged group since its last iteration, applied layer by layer.
+
+    moved_from / moved_to: [M] int64 slots: kept rows past the kept count fill the leavers' slots
+    below it; joined: the joining rows as their own group (block tables, context), bound for slots
+    first_joined.. ."""
+
+    moved_from: torch.Tensor | None
+    moved_to: torch.Tensor | None
+    joined: DecodeGroup | None
+    first_joined: int
 
 
 @dataclass(frozen=True)
 class _Step:
-    """This iteration's action for one group: append the new token of each row, or rebuild."""
+    """This iteration's action for one group: rebuild, or edit (if rows changed) and append."""
 
     staged: _StagedGroup
     rebuild: bool
+    edit: _Edit | None
     # [G * kvh] int64: where each row's new token goes per head, as rows of the buffer viewed as
-    # [G * kvh * capacity, d]. One index_copy_ per layer: indexing the 4-d buffer with
+    # [slots * kvh * capacity, d]. One index_copy_ per layer: indexing the 4-d buffer with
     # [rows, :, positions] takes PyTorch's general index_put path, ~15x slower at these sizes.
     slots: torch.Tensor
     mask: torch.Tensor  # [G, 1, 1, capacity]: the buffer's keys inside each row's context
@@ -141,47 +163,88 @@ class StagedKv:
     not fit are gathered as by `GatheredKv`). seq_ids identify rows across iterations."""
 
     HEADROOM_TOKENS = 32  # appends before a rebuild: one gather per this many iterations
+    HEADROOM_ROWS = 4  # slots past a rebuilt group's rows, for rows that join before any leaves
 
     def __init__(self, layout: KvLayout, max_bytes: int) -> None:
         self.layout = layout
         self.max_bytes = max_bytes
         self.gathered = GatheredKv()
-        self._staged: dict[tuple[int, ...], _StagedGroup] = {}
+        self._staged: list[_StagedGroup] = []
         self._steps: list[_Step | None] = []
 
-    def reset(self) -> None:
-        self._staged = {}
-        self._steps = []
-
-    def begin(self, seq_ids: list[int], plan: list[DecodeGroup]) -> None:
-        kept: dict[tuple[int, ...], _StagedGroup] = {}
+    def begin(self, seq_ids: list[int], plan: list[DecodeGroup]) -> list[DecodeGroup]:
+        unclaimed = list(self._staged)
+        kept: list[_StagedGroup] = []
         steps: list[_Step | None] = []
+        planned: list[DecodeGroup] = []
         budget = self.max_bytes
         for group in plan:
-            ids = tuple(seq_ids[r] for r in group.rows.tolist())
-            old = self._staged.get(ids)
-            appendable = (
-                old is not None
-                and old.lens == tuple(n - 1 for n in group.lens)
-                and group.context_len <= old.capacity
-            )
-            if old is not None and appendable:
-                staged, rebuild = old, False
-            else:
+            ids = [seq_ids[r] for r in group.rows.tolist()]
+            old = self._claim(unclaimed, ids, group)
+            if old is None:
                 capacity = group.context_len + self.HEADROOM_TOKENS
-                nbytes = len(ids) * capacity * self.layout.bytes_per_token
-                staged, rebuild = _StagedGroup(ids, group.lens, capacity, nbytes), True
-            if staged.nbytes > budget:
+                staged = _StagedGroup(ids, group.lens, capacity, len(ids) + self.HEADROOM_ROWS)
+                edit, rebuild = None, True
+            else:
+                slot_ids = _slot_order(old.seq_ids, ids)
+                group, edit = self._reslot(old, slot_ids, ids, group)
+                staged, rebuild = _StagedGroup(slot_ids, group.lens, old.capacity, old.slots), False
+                staged.keys, staged.values = old.keys, old.values
+            nbytes = staged.nbytes(self.layout.bytes_per_token)
+            if nbytes > budget:
                 steps.append(None)
+                planned.append(group)
                 continue
-            staged.lens = group.lens
-            kept[ids] = staged
+            kept.append(staged)
             mask = context_mask(group.lens, staged.capacity, group.rows.device)
-            steps.append(
-                _Step(staged, rebuild, self._slots(group, staged.capacity), mask, additive_mask(mask))
-            )
-            budget -= staged.nbytes
+            slots = self._slots(group, staged.capacity)
+            steps.append(_Step(staged, rebuild, edit, slots, mask, additive_mask(mask)))
+            planned.append(group)
+            budget -= nbytes
         self._staged, self._steps = kept, steps
+        return planned
+
+    def _claim(
+        self, unclaimed: list[_StagedGroup], ids: list[int], group: DecodeGroup
+    ) -> _StagedGroup | None:
+        """The staged group sharing the most rows with `group` that can be edited into it, taken out of
+        `unclaimed`: every shared row one token behind, the group's keys within its capacity and at most
+        HEADROOM_TOKENS short of it (no more padding than a rebuild leaves), its rows within its slots."""
+        best, best_shared = None, 0
+        wanted = dict(zip(ids, group.lens, strict=True))
+        for old in unclaimed:
+            if not (0 <= old.capacity - group.context_len <= self.HEADROOM_TOKENS and len(ids) <= old.slots):
+                continue
+            shared = [(seq, n) for seq, n in zip(old.seq_ids, old.lens, strict=True) if seq in wanted]
+            if len(shared) > best_shared and all(wanted[seq] == n + 1 for seq, n in shared):
+                best, best_shared = old, len(shared)
+        if best is not None:
+            unclaimed.remove(best)
+        return best
+
+    @staticmethod
+    def _reslot(
+        old: _StagedGroup, slot_ids: list[int], ids: list[int], group: DecodeGroup
+    ) -> tuple[DecodeGroup, _Edit | None]:
+        """`group` with its rows in slot order, and the edit that brings `old`'s buffers to it."""
+        position = {seq: i for i, seq in enumerate(ids)}
+        order = [position[seq] for seq in slot_ids]
+        if order != list(range(len(ids))):
+            group = _reordered(group, order)
+        still = set(ids)
+        kept_count = sum(seq in still for seq in old.seq_ids)
+        moved_to = [slot for slot in range(kept_count) if old.seq_ids[slot] not in still]
+        moved_from = [slot for slot in range(kept_count, len(old.seq_ids)) if old.seq_ids[slot] in still]
+        joined = _subgroup(group, range(kept_count, len(ids))) if kept_count < len(ids) else None
+        if not moved_to and joined is None:
+            return group, None
+        device = group.rows.device
+        return group, _Edit(
+            torch.tensor(moved_from, dtype=torch.int64, device=device) if moved_to else None,
+            torch.tensor(moved_to, dtype=torch.int64, device=device) if moved_to else None,
+            joined,
+            kept_count,
+        )
 
     def group_kv(
         self,
@@ -194,22 +257,41 @@ class StagedKv:
         step = self._steps[index]
         if step is None:
             return self.gathered.group_kv(cache, layer, index, group, new_kv)
-        staged = step.staged
+        staged, rows = step.staged, len(group.lens)
         if step.rebuild:  # layers run in order 0..n-1: layer 0 starts the lists afresh
             gathered = self.gathered.group_kv(cache, layer, index, group, new_kv)
-            staged.keys[layer:] = [self._buffer(gathered.key, staged.capacity)]
-            staged.values[layer:] = [self._buffer(gathered.value, staged.capacity)]
+            staged.keys[layer:] = [self._buffer(gathered.key, staged.capacity, staged.slots)]
+            staged.values[layer:] = [self._buffer(gathered.value, staged.capacity, staged.slots)]
         else:
             if new_kv is None:
                 raise ValueError("StagedKv needs the new tokens' K/V (new_kv) to append")
+            if step.edit is not None:
+                self._apply(step.edit, cache, layer, staged)
             # Each row's new [kvh, d] K/V goes to its own position: buffer[row, :, position].
             dim = self.layout.head_dim
             new_key = new_kv[0][group.rows].reshape(-1, dim)  # [G * kvh, d]
             new_value = new_kv[1][group.rows].reshape(-1, dim)
             staged.keys[layer].view(-1, dim).index_copy_(0, step.slots, new_key)
             staged.values[layer].view(-1, dim).index_copy_(0, step.slots, new_value)
-        # Whole buffers: a slice to the context is not dense per (row, head), and a batched matmul copies it.
-        return GroupKv(staged.keys[layer], staged.values[layer], step.mask, step.bias)
+        # The first G slots: dense per (row, head), as a batched matmul wants them (a slice along the
+        # keys is not, and would be copied).
+        return GroupKv(staged.keys[layer][:rows], staged.values[layer][:rows], step.mask, step.bias)
+
+    @staticmethod
+    def _apply(edit: _Edit, cache: PagedKvCache, layer: int, staged: _StagedGroup) -> None:
+        """Moves kept rows into leavers' slots, then gathers joiners' K/V (their new token included:
+        the paged cache has it) into the slots after the kept rows. Keys past a joiner's context keep
+        what the slot held before: finite, and masked."""
+        for buffer, blocks in (
+            (staged.keys[layer], cache.keys[layer]),
+            (staged.values[layer], cache.values[layer]),
+        ):
+            if edit.moved_from is not None and edit.moved_to is not None:
+                buffer.index_copy_(0, edit.moved_to, buffer.index_select(0, edit.moved_from))
+            if edit.joined is not None:
+                joined = gather_blocks(blocks, edit.joined.block_tables, edit.joined.context_len)
+                end = edit.first_joined + joined.shape[0]
+                buffer[edit.first_joined : end, :, : edit.joined.context_len] = joined
 
     def _slots(self, group: DecodeGroup, capacity: int) -> torch.Tensor:
         """[G * kvh]: flat row of buffer[row, head, lens[row] - 1] for every (row, head), row-major."""
@@ -221,9 +303,52 @@ class StagedKv:
         return ((rows[:, None] * heads + head[None, :]) * capacity + positions[:, None]).reshape(-1)
 
     @staticmethod
-    def _buffer(kv: torch.Tensor, capacity: int) -> torch.Tensor:
-        """[G, kvh, L, d] -> zero-padded contiguous [G, kvh, capacity, d] (zeros: masked keys stay finite)."""
+    def _buffer(kv: torch.Tensor, capacity: int, slots: int) -> torch.Tensor:
+        """[G, kvh, L, d] -> zero-padded contiguous [slots, kvh, capacity, d] (zeros: masked keys and
+        unused slots stay finite)."""
         groups, heads, length, dim = kv.shape
-        buffer = kv.new_zeros(groups, heads, capacity, dim)
-        buffer[:, :, :length] = kv
+        buffer = kv.new_zeros(slots, heads, capacity, dim)
+        buffer[:groups, :, :length] = kv
         return buffer
+
+
+def _slot_order(old_ids: list[int], ids: list[int]) -> list[int]:
+    """The rows `ids` in the slots of a staged group that held `old_ids`: kept rows stay where they are
+    below the kept count, those past it fill the leavers' slots, joiners follow in `ids` order."""
+    still, held = set(ids), set(old_ids)
+    kept = [seq for seq in old_ids if seq in still]
+    slots = old_ids[: len(kept)]
+    tail = iter(seq for seq in old_ids[len(kept) :] if seq in still)
+    order = [seq if seq in still else next(tail) for seq in slots]
+    return order + [seq for seq in ids if seq not in held]
+
+
+def _reordered(group: DecodeGroup, order: list[int]) -> DecodeGroup:
+    """`group` with its rows taken in `order` (positions within the group)."""
+    index = torch.tensor(order, dtype=torch.int64, device=group.rows.device)
+    return dataclasses.replace(
+        group,
+        rows=group.rows[index],
+        block_tables=group.block_tables[index],
+        mask=None if group.mask is None else group.mask[index],
+        bias=None if group.bias is None else group.bias[index],
+        lens=tuple(group.lens[i] for i in order),
+        batch_order=False,
+    )
+
+
+def _subgroup(group: DecodeGroup, positions: range) -> DecodeGroup:
+    """The rows at `positions` of `group`, as a group of their own (for gathering their blocks)."""
+    lens = group.lens[positions.start : positions.stop]
+    longest = max(lens)
+    tables = group.block_tables[positions.start : positions.stop]
+    return dataclasses.replace(
+        group,
+        rows=group.rows[positions.start : positions.stop],
+        block_tables=tables,
+        mask=None,
+        bias=None,
+        context_len=longest,
+        lens=lens,
+        batch_order=False,
+    )

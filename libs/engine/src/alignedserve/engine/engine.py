@@ -7,6 +7,7 @@ another engine) and `free`.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,6 +102,7 @@ class LLMEngine:
         self.timings: deque[IterationTiming] = deque(maxlen=100_000)
         self.eos_token_ids = _eos_ids(self.loaded)
         self._requests: dict[str, Request] = {}
+        self._serials = itertools.count()  # Request.serial: decode attention keeps K/V staged by it
         self.last_step = "idle"  # what the last step() ran: "prefill", "decode" or "idle"
 
     @property
@@ -226,7 +228,6 @@ class LLMEngine:
         request = self._new_request(request_id, prompt_token_ids, params, park_after_prefill=False)
         request.output_token_ids = list(output_token_ids)
         self.allocator.allocate(request_id, kv.header.num_tokens + 1)
-        self.runner.decode_backend.reset()  # the import writes the paged cache behind the staged decode K/V
         try:
             import_kv(self.cache, kv, self.allocator.block_table(request_id), self.model_id, verified)
         except Exception:
@@ -278,6 +279,7 @@ class LLMEngine:
         params.validate()
         self._check_prompt(prompt, params)
         return Request(
+            serial=next(self._serials),
             request_id=request_id,
             prompt_token_ids=list(prompt),
             params=params,
@@ -360,7 +362,9 @@ class LLMEngine:
 
     def _run_decode(self, running: list[Request]) -> list[RequestOutput]:
         rows = [
-            DecodeRow(r.output_token_ids[-1], r.num_computed, self.allocator.block_table(r.request_id))
+            DecodeRow(
+                r.output_token_ids[-1], r.num_computed, self.allocator.block_table(r.request_id), r.serial
+            )
             for r in running
         ]
         logits = self.runner.decode(rows)

@@ -71,6 +71,7 @@ class TokenStopRule:
 
 @dataclass(eq=False)
 class Request:
+    serial: int  # unique among the requests an engine ever admits (a re-admitted request gets a new one)
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams

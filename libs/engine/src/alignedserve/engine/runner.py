@@ -53,6 +53,7 @@ class DecodeRow:
     token_id: int
     position: int
     block_table: list[int]
+    serial: int  # the request's `Request.serial`: its identity across decode iterations
 
 
 __all__ = ["FixedGrouping", "GroupingSelector"]  # re-exported: they live with the SDPA backend
@@ -95,7 +96,6 @@ class ModelRunner:
                 last_rows.append(len(ids) - 1)
         slot_tensor = self._tensor(slots)
         cache, timer = self.cache, self.timer
-        self.decode_backend.reset()  # prefill writes the paged cache behind the staged decode K/V
 
         def attend(
             layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
@@ -126,9 +126,8 @@ class ModelRunner:
     def decode(self, rows: list[DecodeRow]) -> torch.Tensor:
         """One token for every row in one forward; returns [B, vocab] float32 logits."""
         context_lens = [row.position + 1 for row in rows]
-        # A row's first block is its identity across iterations: blocks belong to one request at a time.
         step = self.decode_backend.begin(
-            [row.block_table[0] for row in rows], context_lens, [row.block_table for row in rows]
+            [row.serial for row in rows], context_lens, [row.block_table for row in rows]
         )
         slot_tensor = self._tensor(
             [

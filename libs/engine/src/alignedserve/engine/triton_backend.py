@@ -84,9 +84,6 @@ class TritonDecode:
             max(context_lens),
         )
 
-    def reset(self) -> None:
-        pass
-
 
 def triton_usable(device: torch.device) -> bool:
     """Triton imports, and can run on `device`: compiled on CUDA, interpreted on CPU."""
