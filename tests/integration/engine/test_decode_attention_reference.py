@@ -1,9 +1,10 @@
 """Decode attention in bfloat16: a one-row batch makes transformers' own SDPA call (the accuracy
-contract's reference at batch 1), so its outputs match bit for bit; in a batch of several rows a group
-of three or more rows is attended in transformers' eager formulation over stacked heads, a smaller one by
-SDPA over stacked heads (each faster than transformers' call there), and both stay within bfloat16
-rounding of transformers' eager attention for each row alone. float32 always stacks
-into SDPA (exact parity holds there)."""
+contract's reference at batch 1), so its outputs match bit for bit. In a batch of several rows, on a CPU
+with AMX tiles every group makes that call too (torch's flash kernel computes on the tiles); without
+them a group of three or more rows is attended in transformers' eager formulation over stacked heads, a
+smaller one by SDPA over stacked heads (each faster than transformers' call there). All stay within
+bfloat16 rounding of transformers' attention for each row alone, whichever path this host takes: both
+are run here. float32 always stacks into SDPA (exact parity holds there)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from alignedserve.engine import attention
 from alignedserve.engine.attention import (
     DecodeGrouping,
     PaddedGrouping,
     PerSequenceGrouping,
     decode_attention,
     eager_grouped_query_attention,
+    group_call,
     plan_decode,
 )
 from alignedserve.engine.decode_kv import additive_mask, context_mask
@@ -75,14 +78,31 @@ def test_bfloat16_one_row_decode_attention_is_the_reference_call_bit_for_bit() -
 Reference = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+@pytest.mark.parametrize("amx", [True, False], ids=["amx", "no_amx"])
+def test_a_bfloat16_batch_takes_transformers_call_where_the_cpu_has_amx(
+    monkeypatch: pytest.MonkeyPatch, amx: bool
+) -> None:
+    monkeypatch.setattr(attention, "cpu_has_amx_bf16", lambda: amx)
+    batch, one_row = torch.zeros(8, HEADS, DIM).bfloat16(), torch.zeros(1, HEADS, DIM).bfloat16()
+    assert group_call(one_row) is attention._transformers_call
+    assert (group_call(batch) is attention._transformers_call) is amx
+    assert group_call(batch.float()) is attention._stacked_sdpa_call
+
+
 @pytest.mark.parametrize(
-    ("grouping", "reference"),
-    [(PaddedGrouping(), _eager_reference), (PerSequenceGrouping(), _reference)],
-    ids=["one_group_eager", "one_row_groups_stacked_sdpa"],
+    ("grouping", "reference", "amx"),
+    [
+        (PaddedGrouping(), _eager_reference, False),
+        (PerSequenceGrouping(), _reference, False),
+        (PaddedGrouping(), _reference, True),
+        (PerSequenceGrouping(), _reference, True),
+    ],
+    ids=["one_group_eager", "one_row_groups_stacked_sdpa", "one_group_amx", "one_row_groups_amx"],
 )
 def test_bfloat16_batched_decode_attention_is_within_rounding_of_its_reference(
-    grouping: DecodeGrouping, reference: Reference
+    monkeypatch: pytest.MonkeyPatch, grouping: DecodeGrouping, reference: Reference, amx: bool
 ) -> None:
+    monkeypatch.setattr(attention, "cpu_has_amx_bf16", lambda: amx)
     torch.manual_seed(1)
     cache = _cache()
     lengths = [300, 17, 129, 64, 255, 1, 90, 200]  # one padded group masked per row, or a group each

@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from alignedserve.engine.config import cpu_has_amx_bf16
 from alignedserve.engine.decode_kv import (
     DecodeGroup,
     DecodeKv,
@@ -154,17 +155,21 @@ def group_call(query: torch.Tensor) -> GroupCall:
     CPU float32: SDPA over stacked heads (exact parity with transformers holds). CPU reduced precision:
     transformers' own SDPA call when the batch is one row, where it is the accuracy contract's reference
     bit for bit (a stacked call rounds differently in ~5 % of bfloat16 outputs, which cost greedy
-    agreement 84 % vs 100 % at batch 1); for a batch of several rows, where batching has already
-    changed the rounding of every matmul, transformers' eager formulation over stacked heads for a group
-    of `EAGER_MIN_ROWS` or more, SDPA over stacked heads for a smaller one: torch's CPU flash kernel makes
-    small GEMM calls per row and head (transformers' call ~5x, stacked SDPA 1.0-1.6x the eager time at
-    4-64 rows on an AVX-512 BF16 host, docs/benchmarks.md, "Decode attention in bfloat16"). CUDA:
-    transformers' call (its fused kernels)."""
+    agreement 84 % vs 100 % at batch 1), and for every group where the CPU has AMX tiles: torch's CPU
+    flash kernel computes on them, 1.2-1.5x faster than the other two at 4-64 rows x 256-2,048 keys
+    (docs/benchmarks.md, "Decode attention in bfloat16"). Without AMX, for a batch of several rows,
+    where batching has already changed the rounding of every matmul, transformers' eager formulation
+    over stacked heads for a group of `EAGER_MIN_ROWS` or more, SDPA over stacked heads for a smaller
+    one: the flash kernel makes small GEMM calls per row and head (transformers' call ~5x, stacked SDPA
+    1.0-1.6x the eager time at 4-64 rows on an AVX-512 BF16 host). CUDA: transformers' call (its fused
+    kernels)."""
     if query.device.type != "cpu":
         return _transformers_call
     if query.dtype == torch.float32:
         return _stacked_sdpa_call
-    return _by_group_rows if query.shape[0] > 1 else _transformers_call
+    if query.shape[0] == 1 or cpu_has_amx_bf16():
+        return _transformers_call
+    return _by_group_rows
 
 
 # From this many rows a group of a reduced-precision CPU batch takes the eager path; below it, SDPA over

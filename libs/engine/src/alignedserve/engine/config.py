@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,12 @@ def resolve_dtype(dtype: str, device: str) -> str:
 def native_cpu_bfloat16() -> bool:
     """Whether this host's CPU computes bfloat16 natively (BF16_CPU_FLAGS)."""
     return bool(_host_cpu_flags() & BF16_CPU_FLAGS)
+
+
+@functools.cache
+def cpu_has_amx_bf16() -> bool:
+    """Whether this host's CPU has AMX bfloat16 tiles (read once: decode attention asks every layer)."""
+    return "amx_bf16" in _host_cpu_flags()
 
 
 def _host_cpu_flags() -> frozenset[str]:
