@@ -7,8 +7,9 @@ rows in the first G slots. Each iteration writes only the new token's K/V into i
 write) instead of re-gathering every row's blocks. When rows leave or join, the buffer is edited in
 place: a kept row from the tail moves into each leaver's slot, and joiners' blocks are gathered into
 the free slots after the kept rows (the group's rows are then listed in slot order). It is rebuilt (one
-gather of every row) when its key headroom runs out, when more rows join than it has slots, or after
-anything else wrote the paged cache.
+gather of every row) when its key headroom runs out, when more rows join than it has slots, or when a
+kept row is not exactly one token past what the buffer holds for it. Rows are identified by a serial
+per request (`Request.serial`), so a prefill or KV import of another request leaves the buffers alone.
 """
 
 from __future__ import annotations
