@@ -134,13 +134,13 @@ class _StagedGroup:
 class _Edit:
     """Rows that left or joined a staged group since its last iteration, applied layer by layer.
 
-    moved_from / moved_to: [M] int64 slots: kept rows past the kept count fill the leavers' slots
-    below it; joined: the joining rows as their own group (block tables, context), bound for slots
-    first_joined.. ."""
+    moves: ([M] from, [M] to) int64 slots: kept rows past the kept count fill the leavers' slots below
+    it (None: no move); joined_tables: [J, n_blocks] int64, the joiners' block tables (None: nobody
+    joined), their K/V bound for slots first_joined.. and `joined_len` keys."""
 
-    moved_from: torch.Tensor | None
-    moved_to: torch.Tensor | None
-    joined: DecodeGroup | None
+    moves: tuple[torch.Tensor, torch.Tensor] | None
+    joined_tables: torch.Tensor | None
+    joined_len: int
     first_joined: int
 
 
@@ -187,8 +187,7 @@ class StagedKv:
                 staged = _StagedGroup(ids, group.lens, capacity, len(ids) + self.HEADROOM_ROWS)
                 edit, rebuild = None, True
             else:
-                slot_ids = _slot_order(old.seq_ids, ids)
-                group, edit = self._reslot(old, slot_ids, ids, group)
+                slot_ids, group, edit = _reslot(old.seq_ids, ids, group)
                 staged, rebuild = _StagedGroup(slot_ids, group.lens, old.capacity, old.slots), False
                 staged.keys, staged.values = old.keys, old.values
             nbytes = staged.nbytes(self.layout.bytes_per_token)
@@ -222,30 +221,6 @@ class StagedKv:
         if best is not None:
             unclaimed.remove(best)
         return best
-
-    @staticmethod
-    def _reslot(
-        old: _StagedGroup, slot_ids: list[int], ids: list[int], group: DecodeGroup
-    ) -> tuple[DecodeGroup, _Edit | None]:
-        """`group` with its rows in slot order, and the edit that brings `old`'s buffers to it."""
-        position = {seq: i for i, seq in enumerate(ids)}
-        order = [position[seq] for seq in slot_ids]
-        if order != list(range(len(ids))):
-            group = _reordered(group, order)
-        still = set(ids)
-        kept_count = sum(seq in still for seq in old.seq_ids)
-        moved_to = [slot for slot in range(kept_count) if old.seq_ids[slot] not in still]
-        moved_from = [slot for slot in range(kept_count, len(old.seq_ids)) if old.seq_ids[slot] in still]
-        joined = _subgroup(group, range(kept_count, len(ids))) if kept_count < len(ids) else None
-        if not moved_to and joined is None:
-            return group, None
-        device = group.rows.device
-        return group, _Edit(
-            torch.tensor(moved_from, dtype=torch.int64, device=device) if moved_to else None,
-            torch.tensor(moved_to, dtype=torch.int64, device=device) if moved_to else None,
-            joined,
-            kept_count,
-        )
 
     def group_kv(
         self,
@@ -287,12 +262,13 @@ class StagedKv:
             (staged.keys[layer], cache.keys[layer]),
             (staged.values[layer], cache.values[layer]),
         ):
-            if edit.moved_from is not None and edit.moved_to is not None:
-                buffer.index_copy_(0, edit.moved_to, buffer.index_select(0, edit.moved_from))
-            if edit.joined is not None:
-                joined = gather_blocks(blocks, edit.joined.block_tables, edit.joined.context_len)
+            if edit.moves is not None:
+                moved_from, moved_to = edit.moves
+                buffer.index_copy_(0, moved_to, buffer.index_select(0, moved_from))
+            if edit.joined_tables is not None:
+                joined = gather_blocks(blocks, edit.joined_tables, edit.joined_len)
                 end = edit.first_joined + joined.shape[0]
-                buffer[edit.first_joined : end, :, : edit.joined.context_len] = joined
+                buffer[edit.first_joined : end, :, : edit.joined_len] = joined
 
     def _slots(self, group: DecodeGroup, capacity: int) -> torch.Tensor:
         """[G * kvh]: flat row of buffer[row, head, lens[row] - 1] for every (row, head), row-major."""
@@ -313,15 +289,37 @@ class StagedKv:
         return buffer
 
 
-def _slot_order(old_ids: list[int], ids: list[int]) -> list[int]:
-    """The rows `ids` in the slots of a staged group that held `old_ids`: kept rows stay where they are
-    below the kept count, those past it fill the leavers' slots, joiners follow in `ids` order."""
+def _reslot(
+    old_ids: list[int], ids: list[int], group: DecodeGroup
+) -> tuple[list[int], DecodeGroup, _Edit | None]:
+    """The rows `ids` (of `group`) in the slots of a staged group that held `old_ids` -> (their ids in
+    slot order, `group` with its rows in that order, the edit that brings the buffers to it). Kept rows
+    below the kept count stay where they are, those past it fill the leavers' slots, joiners follow."""
     still, held = set(ids), set(old_ids)
-    kept = [seq for seq in old_ids if seq in still]
-    slots = old_ids[: len(kept)]
-    tail = iter(seq for seq in old_ids[len(kept) :] if seq in still)
-    order = [seq if seq in still else next(tail) for seq in slots]
-    return order + [seq for seq in ids if seq not in held]
+    kept = sum(seq in still for seq in old_ids)
+    moved_to = [slot for slot in range(kept) if old_ids[slot] not in still]
+    moved_from = [slot for slot in range(kept, len(old_ids)) if old_ids[slot] in still]
+    slot_ids = list(old_ids[:kept])
+    for source, target in zip(moved_from, moved_to, strict=True):
+        slot_ids[target] = old_ids[source]
+    slot_ids += [seq for seq in ids if seq not in held]
+    position = {seq: i for i, seq in enumerate(ids)}
+    order = [position[seq] for seq in slot_ids]
+    if order != list(range(len(ids))):
+        group = _reordered(group, order)
+    if not moved_to and kept == len(ids):
+        return slot_ids, group, None
+    device = group.rows.device
+    moves = (
+        (
+            torch.tensor(moved_from, dtype=torch.int64, device=device),
+            torch.tensor(moved_to, dtype=torch.int64, device=device),
+        )
+        if moved_to
+        else None
+    )
+    joined = group.block_tables[kept:] if kept < len(ids) else None
+    return slot_ids, group, _Edit(moves, joined, max(group.lens[kept:], default=0), kept)
 
 
 def _reordered(group: DecodeGroup, order: list[int]) -> DecodeGroup:
@@ -334,22 +332,5 @@ def _reordered(group: DecodeGroup, order: list[int]) -> DecodeGroup:
         mask=None if group.mask is None else group.mask[index],
         bias=None if group.bias is None else group.bias[index],
         lens=tuple(group.lens[i] for i in order),
-        batch_order=False,
-    )
-
-
-def _subgroup(group: DecodeGroup, positions: range) -> DecodeGroup:
-    """The rows at `positions` of `group`, as a group of their own (for gathering their blocks)."""
-    lens = group.lens[positions.start : positions.stop]
-    longest = max(lens)
-    tables = group.block_tables[positions.start : positions.stop]
-    return dataclasses.replace(
-        group,
-        rows=group.rows[positions.start : positions.stop],
-        block_tables=tables,
-        mask=None,
-        bias=None,
-        context_len=longest,
-        lens=lens,
         batch_order=False,
     )
