@@ -153,12 +153,12 @@ def test_each_worker_takes_its_device_and_decode_backend_from_config(tmp_path: P
 
 
 def test_prefill_forward_budget_and_order_follow_the_device_unless_set(tmp_path: Path) -> None:
-    """A forward's prompt tokens bound how long a prompt arriving during it waits: 512 on CPU, 2048 on a
+    """A forward's prompt tokens bound how long a prompt arriving during it waits: 256 on CPU, 2048 on a
     GPU unless given; the prefill order reaches the engine."""
     from alignedserve.prefill.config import PrefillSettings
 
     cpu = PrefillSettings.from_argv(["--device", "cpu", "--dtype", "float32"])
-    assert (cpu.max_prefill_tokens, cpu.engine_config().max_prefill_tokens) == (512, 512)
+    assert (cpu.max_prefill_tokens, cpu.engine_config().max_prefill_tokens) == (256, 256)
     assert cpu.engine_config().prefill_order == "shortest"
     gpu = PrefillSettings.from_argv(["--device", "cuda:1", "--dtype", "bfloat16"]).engine_config()
     assert gpu.max_prefill_tokens == 2048

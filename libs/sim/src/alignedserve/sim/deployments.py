@@ -97,7 +97,7 @@ STACK = Deployment(
     starvation_s=10.0,
     range_slack=64,
     max_len=32768,
-    max_prefill_tokens=512,  # the CPU prefill worker's default (PREFILL_TOKENS_BY_DEVICE)
+    max_prefill_tokens=256,  # the CPU prefill worker's default (PREFILL_TOKENS_BY_DEVICE)
     dynamic_prefetch_policies=frozenset({"aligned", "window", "fcfs"}),
     compute="shared",
 )
