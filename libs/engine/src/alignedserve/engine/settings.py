@@ -15,8 +15,8 @@ from alignedserve.engine.config import EngineConfig, resolve_dtype
 # bounds its wait: on one CPU core a forward of SmolLM2 takes ~0.2 s for 256 tokens (bfloat16 on AMX)
 # to ~0.9 s (float32 on AVX2), and a long prompt's chunk holds every short one behind it that long. On
 # the stack, 256 gave the same output tokens/s as 512 and 128 at a mean TTFT 5-15 % below 512's and
-# 12-14 % below 128's (more forwards per burst of prompts; docs/benchmarks.md, "Prefill forward
-# budget"). A GPU runs 2,048 in milliseconds and wants the larger GEMMs.
+# 12-14 % below 128's (more forwards per burst of prompts; docs/benchmarks.md, "Prefill forward budget
+# on the AMX host"). A GPU runs 2,048 in milliseconds and wants the larger GEMMs.
 PREFILL_TOKENS_BY_DEVICE = {"cpu": 256, "cuda": 2048}
 
 
