@@ -111,13 +111,13 @@ def test_splits_follow_the_longest_context() -> None:
     assert triton_decode.split_count(10**7) == triton_decode.MAX_SPLITS
 
 
-def test_auto_selects_triton_on_cuda_and_sdpa_on_cpu() -> None:
+def test_auto_selects_triton_on_cuda_and_sdpa_for_float32_on_cpu() -> None:
     sdpa = SdpaDecode(ShapeSelector(), 16, torch.device("cpu"))
-    on_cuda = select_backend("auto", torch.device("cuda", 1), 16, ShapeSelector(), GatheredKv())
-    assert isinstance(on_cuda, TritonDecode) and on_cuda.device == torch.device("cuda", 1)
-    on_cpu = select_backend("auto", torch.device("cpu"), 16, ShapeSelector(), GatheredKv())
+    cuda, cpu = torch.device("cuda", 1), torch.device("cpu")
+    on_cuda = select_backend("auto", cuda, torch.bfloat16, 16, ShapeSelector(), GatheredKv())
+    assert isinstance(on_cuda, TritonDecode) and on_cuda.device == cuda
+    on_cpu = select_backend("auto", cpu, torch.float32, 16, ShapeSelector(), GatheredKv())
     assert on_cpu.name == sdpa.name == "torch"
     assert (
-        select_backend("reference", torch.device("cpu"), 16, ShapeSelector(), GatheredKv()).name
-        == "reference"
+        select_backend("reference", cpu, torch.float32, 16, ShapeSelector(), GatheredKv()).name == "reference"
     )

@@ -11,7 +11,7 @@ DTYPES_BY_DEVICE: dict[str, tuple[str, ...]] = {
     "cuda": ("float16", "bfloat16", "float32"),
 }
 ATTENTION_STRATEGIES = ("auto", "padded", "bucketed", "per_sequence")
-DECODE_BACKENDS = ("auto", "torch", "triton", "reference")  # see alignedserve.engine.decode_backend
+DECODE_BACKENDS = ("auto", "torch", "cpu", "triton", "reference")  # see alignedserve.engine.decode_backend
 LINEAR_KERNELS = ("auto", "torch", "onednn_packed")  # see alignedserve.engine.linear
 PREFILL_ORDERS = ("fcfs", "shortest")  # see alignedserve.engine.scheduler
 DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
@@ -51,21 +51,21 @@ def resolve_dtype(dtype: str, device: str) -> str:
         with torch.cuda.device(torch.device(device)):  # cuda:N asks GPU N
             native = torch.cuda.is_bf16_supported(including_emulation=False)
         return auto_dtype(device_type, frozenset(), native)
-    return auto_dtype(device_type, _host_cpu_flags())
+    return auto_dtype(device_type, host_cpu_flags())
 
 
 def native_cpu_bfloat16() -> bool:
     """Whether this host's CPU computes bfloat16 natively (BF16_CPU_FLAGS)."""
-    return bool(_host_cpu_flags() & BF16_CPU_FLAGS)
+    return bool(host_cpu_flags() & BF16_CPU_FLAGS)
 
 
 @functools.cache
 def cpu_has_amx_bf16() -> bool:
     """Whether this host's CPU has AMX bfloat16 tiles (read once: decode attention asks every layer)."""
-    return "amx_bf16" in _host_cpu_flags()
+    return "amx_bf16" in host_cpu_flags()
 
 
-def _host_cpu_flags() -> frozenset[str]:
+def host_cpu_flags() -> frozenset[str]:
     try:
         return cpu_flags(Path("/proc/cpuinfo").read_text())
     except OSError:  # not Linux: no flags known, so float32

@@ -6,6 +6,8 @@ layer calls (its K/V already written to the paged cache). Backends:
 
 - `SdpaDecode` ("torch"): the per-batch-shape groupings of `alignedserve.engine.attention` (gather or
   staged K/V, then SDPA). Every device; the CPU default.
+- `CpuKernelDecode` ("cpu", `cpu_decode.py`): the paged C kernel of `cpu_decode.c`, reading K/V in place.
+  The default on a bfloat16 CPU with AVX-512 BF16 and no AMX, where a C compiler builds it.
 - `TritonDecode` ("triton", `triton_backend.py`): the paged Triton kernel of `triton_decode.py`. The CUDA
   default where Triton imports.
 - `ReferenceDecode` ("reference"): `paged_decode_reference`, one plain softmax per row read straight
@@ -14,6 +16,7 @@ layer calls (its K/V already written to the paged cache). Backends:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -101,6 +104,71 @@ class SdpaDecode:
         grouping = self.selector.select(context_lens)
         plan = plan_decode(grouping, context_lens, block_tables, self.block_size, self.device)
         return _SdpaStep(grouping.name, list(self.kv.begin(seq_ids, plan)), self.kv)
+
+
+# A paged decode kernel (Triton's or the CPU one): (query [B, heads, d], one layer's keys and values
+# [num_blocks, block_size, kvh, d], block_tables [B, max_blocks] int32, context_lens [B] int32, scale,
+# max_context) -> [B, heads, d]
+PagedDecode = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, int], torch.Tensor
+]
+
+
+class PagedKernelStep:
+    """One iteration of a paged kernel: the block tables and lengths made once, every layer calls it."""
+
+    def __init__(
+        self,
+        strategy: str,
+        kernel: PagedDecode,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        max_context: int,
+    ) -> None:
+        self.strategy = strategy
+        self.kernel = kernel
+        self.block_tables = block_tables  # [B, max_blocks] int32
+        self.context_lens = context_lens  # [B] int32
+        self.max_context = max_context
+
+    @classmethod
+    def build(
+        cls,
+        strategy: str,
+        kernel: PagedDecode,
+        context_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device,
+    ) -> PagedKernelStep:
+        """Tables cut or zero-padded to the longest row's blocks, as int32 on `device`."""
+        width = max(-(-n // block_size) for n in context_lens)
+        tables = [table[:width] + [0] * (width - len(table[:width])) for table in block_tables]
+        return cls(
+            strategy,
+            kernel,
+            torch.tensor(tables, dtype=torch.int32, device=device),
+            torch.tensor(context_lens, dtype=torch.int32, device=device),
+            max(context_lens),
+        )
+
+    def __call__(
+        self,
+        cache: PagedKvCache,
+        layer: int,
+        query: torch.Tensor,
+        scale: float,
+        new_kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        return self.kernel(
+            query,
+            cache.keys[layer],
+            cache.values[layer],
+            self.block_tables,
+            self.context_lens,
+            scale,
+            self.max_context,
+        )
 
 
 class _ReferenceStep:

@@ -87,6 +87,7 @@ class LLMEngine:
         decode = select_backend(
             config.decode_backend,
             self.device,
+            self.layout.dtype,
             config.block_size,
             _selector(config),
             _decode_kv(config, self.layout),

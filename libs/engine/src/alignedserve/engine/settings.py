@@ -49,9 +49,11 @@ class EngineWorkerSettings(WorkerSettings):
     attention: Literal["auto", "padded", "bucketed", "per_sequence"] = Field(
         "auto", description="decode attention strategy (auto picks per batch shape)"
     )
-    decode_backend: Literal["auto", "torch", "triton", "reference"] = Field(
+    decode_backend: Literal["auto", "torch", "cpu", "triton", "reference"] = Field(
         "auto",
-        description="decode attention: auto = the Triton paged kernel on CUDA, SDPA groupings elsewhere",
+        description="decode attention: auto = the Triton paged kernel on CUDA; the paged C kernel (cpu) for"
+        " bfloat16 on a CPU with AVX-512 BF16 and no AMX, where a C compiler builds it; SDPA groupings"
+        " (torch) elsewhere",
     )
     linear_kernel: Literal["auto", "torch", "onednn_packed"] = Field(
         "auto",

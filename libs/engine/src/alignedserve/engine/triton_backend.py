@@ -1,62 +1,31 @@
 """The Triton paged decode kernel behind the `DecodeBackend` interface, and the engine's backend choice.
 
 `select_backend` resolves `EngineConfig.decode_backend`: "auto" is Triton on CUDA when it imports (the
-kernel reads the paged cache in place: no gather and no staged copy in HBM), SDPA over groupings
-everywhere else; "triton" on CPU needs Triton's interpreter (TRITON_INTERPRET=1 before the first import
+kernel reads the paged cache in place: no gather and no staged copy in HBM); on a CPU running bfloat16
+with AVX-512 BF16 and no AMX, the paged C kernel (`cpu_decode.py`) where it builds (its AMX hosts run
+torch's flash kernel on AMX tiles, and the C kernel has not been measured there); SDPA over groupings
+everywhere else. "triton" on CPU needs Triton's interpreter (TRITON_INTERPRET=1 before the first import
 of Triton), which is how it is tested without a GPU.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 
 import torch
 
+from alignedserve.engine import cpu_decode
+from alignedserve.engine.config import cpu_has_amx_bf16
 from alignedserve.engine.decode_backend import (
     DecodeBackend,
     DecodeStep,
     GroupingSelector,
+    PagedDecode,
+    PagedKernelStep,
     ReferenceDecode,
     SdpaDecode,
 )
 from alignedserve.engine.decode_kv import DecodeKv
-from alignedserve.engine.kv_cache import PagedKvCache
-
-# triton_decode.paged_decode: (query, keys, values, block_tables, context_lens, scale, max_context) -> out
-PagedDecode = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, int], torch.Tensor
-]
-
-
-class _TritonStep:
-    strategy = "triton"
-
-    def __init__(
-        self, kernel: PagedDecode, block_tables: torch.Tensor, context_lens: torch.Tensor, max_context: int
-    ) -> None:
-        self.kernel = kernel
-        self.block_tables = block_tables  # [B, max_blocks] int32
-        self.context_lens = context_lens  # [B] int32
-        self.max_context = max_context
-
-    def __call__(
-        self,
-        cache: PagedKvCache,
-        layer: int,
-        query: torch.Tensor,
-        scale: float,
-        new_kv: tuple[torch.Tensor, torch.Tensor],
-    ) -> torch.Tensor:
-        return self.kernel(
-            query,
-            cache.keys[layer],
-            cache.values[layer],
-            self.block_tables,
-            self.context_lens,
-            scale,
-            self.max_context,
-        )
 
 
 class TritonDecode:
@@ -75,13 +44,8 @@ class TritonDecode:
         self.device = device
 
     def begin(self, seq_ids: list[int], context_lens: list[int], block_tables: list[list[int]]) -> DecodeStep:
-        width = max(-(-n // self.block_size) for n in context_lens)
-        tables = [table[:width] + [0] * (width - len(table[:width])) for table in block_tables]
-        return _TritonStep(
-            self.kernel,
-            torch.tensor(tables, dtype=torch.int32, device=self.device),
-            torch.tensor(context_lens, dtype=torch.int32, device=self.device),
-            max(context_lens),
+        return PagedKernelStep.build(
+            "triton", self.kernel, context_lens, block_tables, self.block_size, self.device
         )
 
 
@@ -109,13 +73,41 @@ def check_triton(device: torch.device) -> None:
 
 
 def select_backend(
-    name: str, device: torch.device, block_size: int, selector: GroupingSelector, kv: DecodeKv
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    block_size: int,
+    selector: GroupingSelector,
+    kv: DecodeKv,
 ) -> DecodeBackend:
     """The engine's decode backend for `EngineConfig.decode_backend` = name."""
     if name == "auto":
-        name = "triton" if device.type == "cuda" and triton_usable(device) else "torch"
+        name = _auto(device, dtype)
     if name == "triton":
         return TritonDecode(block_size, device)
+    if name == "cpu":
+        check_cpu_kernel(device, dtype)
+        return cpu_decode.CpuKernelDecode.build(selector, block_size, device)
     if name == "reference":
         return ReferenceDecode(device)
     return SdpaDecode(selector, block_size, device, kv)
+
+
+def _auto(device: torch.device, dtype: torch.dtype) -> str:
+    if device.type == "cuda" and triton_usable(device):
+        return "triton"
+    cpu_bfloat16 = device.type == "cpu" and dtype == torch.bfloat16
+    if cpu_bfloat16 and not cpu_has_amx_bf16() and cpu_decode.kernel_available():
+        return "cpu"
+    return "torch"
+
+
+def check_cpu_kernel(device: torch.device, dtype: torch.dtype) -> None:
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        raise ValueError(f"decode_backend 'cpu' runs bfloat16 on a CPU; this engine is {dtype} on {device}")
+    try:
+        cpu_decode.library()
+    except cpu_decode.KernelUnavailable as exc:
+        raise ValueError(
+            f"decode_backend 'cpu' is unavailable here: {exc}; use decode_backend torch"
+        ) from exc

@@ -1,0 +1,142 @@
+"""The paged C decode kernel for CPUs with AVX-512 BF16 (`cpu_decode`): built with this host's C compiler,
+it matches the float32 row-by-row definition (`paged_decode_reference`) within bfloat16 rounding over
+ragged lengths, scattered blocks, GQA groups and head sizes (specialized and generic), on one thread
+and split across two; behind the engine it decodes with `decode_backend="cpu"` to the reference
+backend's greedy tokens. Hosts without AVX-512 BF16 or a C compiler cannot run it at all."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from engine_models import mixed_prompts, random_model, tiny_engine
+from transformers import LlamaConfig
+
+from alignedserve.core.sampling import SamplingParams
+from alignedserve.engine import cpu_decode
+from alignedserve.engine.decode_backend import paged_decode_reference
+from alignedserve.engine.selector import ShapeSelector
+
+pytestmark = pytest.mark.skipif(
+    not cpu_decode.kernel_available(), reason="needs a CPU with AVX-512 BF16 and a C compiler"
+)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _paged_case(
+    lens: list[int], heads: int, kv_heads: int, dim: int, block: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """A bfloat16 query [B, heads, dim] and a paged cache whose rows own scattered blocks."""
+    generator = torch.Generator().manual_seed(seed)
+    needed = [-(-n // block) for n in lens]
+    num_blocks = sum(needed) + 7
+    order = torch.randperm(num_blocks, generator=generator).tolist()
+    tables, start = [], 0
+    for count in needed:
+        tables.append(torch.tensor(order[start : start + count], dtype=torch.int64))
+        start += count
+    shape = (num_blocks, block, kv_heads, dim)
+    keys = (torch.randn(shape, generator=generator) * 2).bfloat16()
+    values = torch.randn(shape, generator=generator).bfloat16()
+    query = torch.randn(len(lens), heads, dim, generator=generator).bfloat16()
+    return query, keys, values, tables
+
+
+def _run_kernel(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tables: list[torch.Tensor], lens: list[int]
+) -> torch.Tensor:
+    width = max(len(t) for t in tables)
+    padded = torch.zeros(len(tables), width, dtype=torch.int32)
+    for row, table in enumerate(tables):
+        padded[row, : len(table)] = table
+    scale = query.shape[-1] ** -0.5
+    return cpu_decode.paged_decode(
+        query, keys, values, padded, torch.tensor(lens, dtype=torch.int32), scale, max(lens)
+    )
+
+
+# (heads, kv_heads, dim): SmolLM2's; Llama's head size; a group past the specialized ones (generic code)
+SHAPES = [(9, 3, 64), (8, 2, 128), (12, 1, 64), (4, 4, 96)]
+LENS = [1, 15, 16, 17, 33, 300, 1000]  # tails of the 16-token score tiles, one to many blocks
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), SHAPES)
+@pytest.mark.parametrize("block", [16, 4])
+def test_kernel_matches_the_definition(heads: int, kv_heads: int, dim: int, block: int) -> None:
+    query, keys, values, tables = _paged_case(LENS, heads, kv_heads, dim, block, seed=heads + dim + block)
+    got = _run_kernel(query, keys, values, tables, LENS)
+    want = paged_decode_reference(query, keys, values, tables, LENS, query.shape[-1] ** -0.5)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_work_split_across_threads_gives_the_same_bits() -> None:
+    lens = [5, 70, 260, 31, 1]
+    query, keys, values, tables = _paged_case(lens, 9, 3, 64, 16, seed=1)
+    split = _run_kernel(query, keys, values, tables, lens)
+    torch.set_num_threads(1)
+    alone = _run_kernel(query, keys, values, tables, lens)
+    assert torch.equal(split, alone)
+
+
+def test_a_shape_it_cannot_take_is_refused() -> None:
+    query, keys, values, tables = _paged_case([20], 6, 2, 48, 16, seed=2)
+    with pytest.raises(ValueError, match="d=48"):
+        _run_kernel(query, keys, values, tables, [20])
+
+
+def test_one_row_takes_the_torch_path_and_more_take_the_kernel() -> None:
+    backend = cpu_decode.CpuKernelDecode.build(ShapeSelector(), 16, CPU)
+    assert backend.begin([0], [40], [[3, 4, 5]]).strategy != "cpu"
+    assert backend.begin([0, 1], [40, 2], [[3, 4, 5], [6]]).strategy == "cpu"
+
+
+TINY_LLAMA_D64 = LlamaConfig(  # head_dim 64: a shape the kernel takes (the shared tiny model's is 16)
+    vocab_size=512,
+    hidden_size=256,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    eos_token_id=2,
+    bos_token_id=1,
+)
+
+
+def test_engine_decodes_with_the_kernel_to_the_reference_backends_tokens() -> None:
+    model = random_model(TINY_LLAMA_D64, seed=3).to(torch.bfloat16)
+    prompts = mixed_prompts(8, TINY_LLAMA_D64.vocab_size, long_lengths=[300, 700], seed=5)
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    tokens = {}
+    for backend in ("cpu", "reference"):
+        engine = tiny_engine(
+            model, dtype="bfloat16", decode_backend=backend, max_prefill_tokens=1024, timings=True
+        )
+        tokens[backend] = [o.output_token_ids for o in engine.generate(prompts, greedy)]
+        strategies = {t.attention_strategy for t in engine.timings if t.kind == "decode" and t.batch_size > 1}
+        assert strategies == {backend}
+    assert tokens["cpu"] == tokens["reference"]
+
+
+def test_auto_takes_the_kernel_for_bfloat16_without_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    from alignedserve.engine import triton_backend
+    from alignedserve.engine.decode_kv import GatheredKv
+
+    monkeypatch.setattr(triton_backend, "cpu_has_amx_bf16", lambda: False)
+    chosen = triton_backend.select_backend("auto", CPU, torch.bfloat16, 16, ShapeSelector(), GatheredKv())
+    assert chosen.name == "cpu"
+    monkeypatch.setattr(triton_backend, "cpu_has_amx_bf16", lambda: True)
+    chosen = triton_backend.select_backend("auto", CPU, torch.bfloat16, 16, ShapeSelector(), GatheredKv())
+    assert chosen.name == "torch"
+    with pytest.raises(ValueError, match="runs bfloat16"):
+        triton_backend.select_backend("cpu", CPU, torch.float32, 16, ShapeSelector(), GatheredKv())
