@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="subset of engine,hf_static,hf_cb")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--attention", default="auto", help="engine decode attention strategy")
+    parser.add_argument(
+        "--decode-backend", default="auto", help="engine decode attention backend: auto, torch, cpu, ..."
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads for every system")
     parser.add_argument(
         "--max-kv-gib",
@@ -180,7 +183,13 @@ def _run_case(
     from alignedserve.bench.stats import DecodeRate
     from alignedserve.engine.config import EngineConfig
 
-    config = EngineConfig(model=args.model, dtype=dtype, attention=args.attention, linear_kernel=args.linear)
+    config = EngineConfig(
+        model=args.model,
+        dtype=dtype,
+        attention=args.attention,
+        linear_kernel=args.linear,
+        decode_backend=args.decode_backend,
+    )
     runners: dict[str, Callable[[], DecodeRate]] = {
         "engine": lambda: engine_decode(loaded, config, prompt, batch, settings.steps),
         "hf_static": lambda: hf_static_decode(loaded.hf_model, prompt, batch, settings.steps),
@@ -295,7 +304,13 @@ def _ratio(
     from alignedserve.bench.engine.steps import mixed_over_aligned
     from alignedserve.engine.config import EngineConfig
 
-    config = EngineConfig(model=args.model, dtype=dtype, attention=args.attention, linear_kernel=args.linear)
+    config = EngineConfig(
+        model=args.model,
+        dtype=dtype,
+        attention=args.attention,
+        linear_kernel=args.linear,
+        decode_backend=args.decode_backend,
+    )
     result = mixed_over_aligned(loaded, config, tokens, settings.ratio_steps)
     return {
         "mixed_over_aligned_iteration": round(result.ratio, 3),

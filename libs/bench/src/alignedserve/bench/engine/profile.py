@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=25, help="ops listed")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--linear", default="auto", help="engine linear kernel: auto, torch or onednn_packed")
+    p.add_argument(
+        "--decode-backend", default="auto", help="engine decode attention backend: auto, torch, cpu, ..."
+    )
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -91,7 +94,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     loaded = load(args.model, getattr(torch, args.dtype), "cpu")
-    config = EngineConfig(model=args.model, dtype=args.dtype, linear_kernel=args.linear)
+    config = EngineConfig(
+        model=args.model, dtype=args.dtype, linear_kernel=args.linear, decode_backend=args.decode_backend
+    )
     vocab = int(loaded.config.vocab_size)
     generator = torch.Generator().manual_seed(args.seed)
     prompt = torch.randint(256, vocab, (args.prefix,), generator=generator).tolist()
