@@ -17,7 +17,9 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
+from alignedserve.engine import cpu_decode
 from alignedserve.engine.attention import (
     BucketedGrouping,
     DecodeGrouping,
@@ -83,7 +85,8 @@ def time_kernels(rows: int, keys: int, dtype: torch.dtype, repeats: int) -> dict
     """One layer's attention for `rows` rows of `keys` keys held in [rows, 3, keys + HEADROOM, 64] buffers:
     SDPA over stacked heads on the `[:, :, :keys]` view (what bfloat16 groups ran before the eager
     path), transformers' SDPA call on that view, and the eager formulation over the whole buffers with
-    the headroom masked (what they run now)."""
+    the headroom masked (what the "torch" backend runs); in bfloat16 where it builds, also the paged C
+    kernel (`cpu_decode`, the "cpu" backend) over the same K/V in a paged cache of 16-token blocks."""
     heads, kv_heads, dim, scale = 9, 3, 64, 64**-0.5
     key = torch.randn(rows, kv_heads, keys + HEADROOM, dim, dtype=dtype)
     value = torch.randn_like(key)
@@ -97,6 +100,8 @@ def time_kernels(rows: int, keys: int, dtype: torch.dtype, repeats: int) -> dict
         ),
         "eager_on_buffer": lambda: eager_grouped_query_attention(query, key, value, bias, scale),
     }
+    if dtype == torch.bfloat16 and cpu_decode.kernel_available():
+        calls["cpu_paged_kernel"] = _paged_kernel_call(query, view_k, view_v, scale)
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for call in calls.values():
         call()  # warm-up
@@ -108,12 +113,32 @@ def time_kernels(rows: int, keys: int, dtype: torch.dtype, repeats: int) -> dict
     return {name: round(statistics.median(times) * 1e3, 3) for name, times in samples.items()}
 
 
+def _paged_kernel_call(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+) -> Callable[[], torch.Tensor]:
+    """key, value: [rows, kvh, keys, d] -> a call of the paged kernel over them in 16-token blocks."""
+    rows, kv_heads, keys, dim = key.shape
+    per_row = -(-keys // 16)
+    padded = (0, 0, 0, per_row * 16 - keys)
+    blocks = [  # [rows * per_row, 16, kvh, d]
+        F.pad(t.transpose(1, 2), padded).reshape(rows * per_row, 16, kv_heads, dim).contiguous()
+        for t in (key, value)
+    ]
+    tables = torch.arange(rows * per_row, dtype=torch.int32).view(rows, per_row)
+    lens = torch.full((rows,), keys, dtype=torch.int32)
+    return lambda: cpu_decode.paged_decode(query, blocks[0], blocks[1], tables, lens, scale, keys)
+
+
 def kernels_report(dtype: torch.dtype, repeats: int) -> list[dict[str, object]]:
     report: list[dict[str, object]] = []
     for rows, keys in KERNEL_SHAPES:
         ms = time_kernels(rows, keys, dtype, repeats)
         speedup = ms["sdpa_stacked_on_view"] / ms["eager_on_buffer"]
-        report.append({"rows": rows, "keys": keys, "ms": ms, "eager_speedup_vs_stacked": round(speedup, 2)})
+        row: dict[str, object] = {"rows": rows, "keys": keys, "ms": ms}
+        row["eager_speedup_vs_stacked"] = round(speedup, 2)
+        if "cpu_paged_kernel" in ms:
+            row["cpu_kernel_speedup_vs_eager"] = round(ms["eager_on_buffer"] / ms["cpu_paged_kernel"], 2)
+        report.append(row)
     return report
 
 
