@@ -17,6 +17,7 @@ import torch
 from alignedserve.core.blocks import BlockAllocator, blocks_for
 from alignedserve.core.sampling import SamplingParams
 from alignedserve.core.stopping import StopChecker
+from alignedserve.engine import cpu_attention
 from alignedserve.engine.attention import (
     BucketedGrouping,
     DecodeGrouping,
@@ -92,7 +93,9 @@ class LLMEngine:
             _selector(config),
             _decode_kv(config, self.layout),
         )
-        self.runner = ModelRunner(self.model, self.cache, decode, timer)
+        # where the C decode kernel runs, its prefill kernel does too (the same host class and library)
+        prefill_kernel = cpu_attention.paged_prefill if decode.name == "cpu" else None
+        self.runner = ModelRunner(self.model, self.cache, decode, timer, prefill_kernel)
         self.scheduler = Scheduler(
             self.allocator,
             config.max_num_seqs,

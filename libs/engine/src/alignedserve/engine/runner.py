@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from alignedserve.engine.attention import PrefillSpan, prefill_attention
+from alignedserve.engine.attention import PagedPrefill, PrefillSpan, prefill_attention
 from alignedserve.engine.decode_backend import DecodeBackend, FixedGrouping, GroupingSelector
 from alignedserve.engine.kv_cache import PagedKvCache
 from alignedserve.engine.model import PagedModel
@@ -66,9 +66,11 @@ class ModelRunner:
         cache: PagedKvCache,
         decode: DecodeBackend,
         timer: IterationTimer | None = None,
+        prefill_kernel: PagedPrefill | None = None,
     ) -> None:
         self.model = model
         self.decode_backend = decode
+        self.prefill_kernel = prefill_kernel  # None: SDPA per span
         self.cache = cache
         self.timer: IterationTimer = timer or NullTimer()
         self.device = cache.device
@@ -95,14 +97,14 @@ class ModelRunner:
             if chunk.wants_logits:
                 last_rows.append(len(ids) - 1)
         slot_tensor = self._tensor(slots)
-        cache, timer = self.cache, self.timer
+        cache, timer, kernel = self.cache, self.timer, self.prefill_kernel
 
         def attend(
             layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
         ) -> torch.Tensor:
             with timer.attention():
                 cache.write(layer, slot_tensor, k, v)
-                return prefill_attention(cache, layer, q, k, v, spans, scale)
+                return prefill_attention(cache, layer, q, k, v, spans, scale, kernel)
 
         hidden, logits = self._forward(ids, positions, attend, last_rows)
         scores = [self._score(hidden, span.q_start, chunk) for span, chunk in zip(spans, chunks, strict=True)]

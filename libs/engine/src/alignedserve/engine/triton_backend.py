@@ -2,7 +2,7 @@
 
 `select_backend` resolves `EngineConfig.decode_backend`: "auto" is Triton on CUDA when it imports (the
 kernel reads the paged cache in place: no gather and no staged copy in HBM); on a CPU running bfloat16
-with AVX-512 BF16 and no AMX, the paged C kernel (`cpu_decode.py`) where it builds (its AMX hosts run
+with AVX-512 BF16 and no AMX, the paged C kernel (`cpu_attention.py`) where it builds (its AMX hosts run
 torch's flash kernel on AMX tiles, and the C kernel has not been measured there); SDPA over groupings
 everywhere else. "triton" on CPU needs Triton's interpreter (TRITON_INTERPRET=1 before the first import
 of Triton), which is how it is tested without a GPU.
@@ -14,7 +14,7 @@ import importlib.util
 
 import torch
 
-from alignedserve.engine import cpu_decode
+from alignedserve.engine import cpu_attention
 from alignedserve.engine.config import cpu_has_amx_bf16
 from alignedserve.engine.decode_backend import (
     DecodeBackend,
@@ -87,7 +87,7 @@ def select_backend(
         return TritonDecode(block_size, device)
     if name == "cpu":
         check_cpu_kernel(device, dtype)
-        return cpu_decode.CpuKernelDecode.build(selector, block_size, device)
+        return cpu_attention.CpuKernelDecode.build(selector, block_size, device)
     if name == "reference":
         return ReferenceDecode(device)
     return SdpaDecode(selector, block_size, device, kv)
@@ -97,7 +97,7 @@ def _auto(device: torch.device, dtype: torch.dtype) -> str:
     if device.type == "cuda" and triton_usable(device):
         return "triton"
     cpu_bfloat16 = device.type == "cpu" and dtype == torch.bfloat16
-    if cpu_bfloat16 and not cpu_has_amx_bf16() and cpu_decode.kernel_available():
+    if cpu_bfloat16 and not cpu_has_amx_bf16() and cpu_attention.kernel_available():
         return "cpu"
     return "torch"
 
@@ -106,8 +106,8 @@ def check_cpu_kernel(device: torch.device, dtype: torch.dtype) -> None:
     if device.type != "cpu" or dtype != torch.bfloat16:
         raise ValueError(f"decode_backend 'cpu' runs bfloat16 on a CPU; this engine is {dtype} on {device}")
     try:
-        cpu_decode.library()
-    except cpu_decode.KernelUnavailable as exc:
+        cpu_attention.library()
+    except cpu_attention.KernelUnavailable as exc:
         raise ValueError(
             f"decode_backend 'cpu' is unavailable here: {exc}; use decode_backend torch"
         ) from exc

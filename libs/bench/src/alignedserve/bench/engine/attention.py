@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from alignedserve.engine import cpu_decode
+from alignedserve.engine import cpu_attention
 from alignedserve.engine.attention import (
     BucketedGrouping,
     DecodeGrouping,
@@ -86,7 +86,7 @@ def time_kernels(rows: int, keys: int, dtype: torch.dtype, repeats: int) -> dict
     SDPA over stacked heads on the `[:, :, :keys]` view (what bfloat16 groups ran before the eager
     path), transformers' SDPA call on that view, and the eager formulation over the whole buffers with
     the headroom masked (what the "torch" backend runs); in bfloat16 where it builds, also the paged C
-    kernel (`cpu_decode`, the "cpu" backend) over the same K/V in a paged cache of 16-token blocks."""
+    kernel (`cpu_attention.paged_decode`, the "cpu" backend) over the same K/V in a paged cache of 16-token blocks."""
     heads, kv_heads, dim, scale = 9, 3, 64, 64**-0.5
     key = torch.randn(rows, kv_heads, keys + HEADROOM, dim, dtype=dtype)
     value = torch.randn_like(key)
@@ -100,7 +100,7 @@ def time_kernels(rows: int, keys: int, dtype: torch.dtype, repeats: int) -> dict
         ),
         "eager_on_buffer": lambda: eager_grouped_query_attention(query, key, value, bias, scale),
     }
-    if dtype == torch.bfloat16 and cpu_decode.kernel_available():
+    if dtype == torch.bfloat16 and cpu_attention.kernel_available():
         calls["cpu_paged_kernel"] = _paged_kernel_call(query, view_k, view_v, scale)
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for call in calls.values():
@@ -126,7 +126,7 @@ def _paged_kernel_call(
     ]
     tables = torch.arange(rows * per_row, dtype=torch.int32).view(rows, per_row)
     lens = torch.full((rows,), keys, dtype=torch.int32)
-    return lambda: cpu_decode.paged_decode(query, blocks[0], blocks[1], tables, lens, scale, keys)
+    return lambda: cpu_attention.paged_decode(query, blocks[0], blocks[1], tables, lens, scale, keys)
 
 
 def kernels_report(dtype: torch.dtype, repeats: int) -> list[dict[str, object]]:

@@ -1,12 +1,14 @@
-"""The paged decode kernel for CPUs with AVX-512 BF16 (`cpu_decode.c`), and the decode backend around it.
+"""Paged attention kernels for CPUs with AVX-512 BF16 (`cpu_attention.c`), and the decode backend around them.
 
-torch has no paged decode attention on CPU: the "torch" backend gathers (or stages) each group's K/V
-and runs a chain of small ops per group and layer, ~40 % of a bfloat16 decode step on this project's
-2-core host (docs/benchmarks.md, "A paged decode kernel for CPUs"). The kernel reads K/V in place through
-the block tables, every row at its own length, in one call per layer: the CPU counterpart of the Triton
-kernel CUDA runs (`triton_decode.py`), with the same signature. Where it runs it replaces the staged
-copies, the groupings and their masks; batches of one row keep the "torch" path, whose SDPA call is the
-accuracy contract's batch-1 reference bit for bit.
+torch has no paged attention on CPU. For decode, the "torch" backend gathers (or stages) each group's
+K/V and runs a chain of small ops per group and layer, ~40 % of a bfloat16 decode step on this project's
+2-core host; for prefill, torch's CPU flash kernel runs at a sixth of the host's bfloat16 matmul rate
+and takes most of a long prompt's forward (docs/benchmarks.md, "Paged attention kernels for CPUs").
+`paged_decode` reads K/V in place through the block tables, every row at its own length, in one call
+per layer: the CPU counterpart of the Triton kernel CUDA runs (`triton_decode.py`), with the same
+signature. `paged_prefill` attends one request's chunk to its cached prefix and itself. The "cpu"
+backend (`CpuKernelDecode`) runs both: batches of one decode row keep the "torch" path, whose SDPA call
+is the accuracy contract's batch-1 reference bit for bit.
 
 The C source is compiled once per host with the system C compiler (`cc`, or $CC) into
 `$ALIGNEDSERVE_CACHE_DIR/kernels/` (default `~/.cache/alignedserve`), keyed by the source, the flags and
@@ -24,6 +26,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,7 +43,7 @@ from alignedserve.engine.decode_backend import (
 )
 from alignedserve.engine.decode_kv import GatheredKv
 
-SOURCE = Path(__file__).with_name("cpu_decode.c")
+SOURCE = Path(__file__).with_name("cpu_attention.c")
 REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
 # -ffast-math at compile time only (reassociated reductions, libmvec's vector expf); linking without it
 # keeps crtfastmath out, which would set flush-to-zero for the whole process (and torch's float32).
@@ -75,9 +78,12 @@ def library() -> ctypes.CDLL:
         raise KernelUnavailable("no C compiler (cc or $CC) to build it")
     path = _build(compiler, cache_root() / "kernels")
     library = ctypes.CDLL(str(path))
-    function = library.paged_decode_bf16
-    function.restype = ctypes.c_int
-    function.argtypes = [_PTR] * 6 + [_I64] * 6 + [ctypes.c_float, _I64, _I64]
+    decode = library.paged_decode_bf16
+    decode.restype = ctypes.c_int
+    decode.argtypes = [_PTR] * 6 + [_I64] * 6 + [ctypes.c_float, _I64, _I64]
+    prefill = library.paged_prefill_bf16
+    prefill.restype = ctypes.c_int
+    prefill.argtypes = [_PTR] * 5 + [_I64] * 6 + [ctypes.c_float, _I64, _I64]
     return library
 
 
@@ -85,12 +91,12 @@ def _build(compiler: str, directory: Path) -> Path:
     """The shared library for this source, flags and compiler: built unless already there."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256(repr((SOURCE.read_bytes(), COMPILE_FLAGS, version)).encode()).hexdigest()
-    path = directory / f"cpu_decode-{key[:16]}.so"
+    path = directory / f"cpu_attention-{key[:16]}.so"
     if path.exists():
         return path
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as scratch:
-        obj, lib = Path(scratch) / "cpu_decode.o", Path(scratch) / path.name
+        obj, lib = Path(scratch) / "cpu_attention.o", Path(scratch) / path.name
         for command in (
             [compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
             [compiler, "-shared", str(obj), "-o", str(lib), "-lm"],
@@ -132,18 +138,54 @@ def paged_decode(
         if function(*common, first, last) != 0:
             raise ValueError(f"cpu paged decode cannot take heads={heads}, kv_heads={kv_heads}, d={dim}")
 
-    items, threads = rows * kv_heads, torch.get_num_threads()
-    if threads == 1 or items < 2:
+    _split(run, rows * kv_heads)
+    return out
+
+
+def paged_prefill(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    block_table: torch.Tensor,
+    cached: int,
+    scale: float,
+) -> torch.Tensor:
+    """One request's chunk. query: [q, heads, d] bfloat16, positions cached .. cached + q - 1; keys,
+    values: [num_blocks, block_size, kvh, d] (one layer's paged cache, holding all cached + q tokens);
+    block_table: [>= blocks of cached + q] -> [q, heads, d], query i seeing keys 0 .. cached + i."""
+    query = query.contiguous()
+    table = block_table.to(torch.int32).contiguous()
+    out = torch.empty_like(query)
+    q_len, heads, dim = query.shape
+    _, block_size, kv_heads, _ = keys.shape
+    function = library().paged_prefill_bf16
+    common = (
+        query.data_ptr(), keys.data_ptr(), values.data_ptr(), table.data_ptr(), out.data_ptr(),
+        q_len, cached, heads, kv_heads, dim, block_size, scale,
+    )  # fmt: skip
+
+    def run(first: int, last: int) -> None:
+        if function(*common, first, last) != 0:
+            raise ValueError(f"cpu paged prefill cannot take heads={heads}, kv_heads={kv_heads}, d={dim}")
+
+    _split(run, kv_heads)
+    return out
+
+
+def _split(run: Callable[[int, int], None], items: int) -> None:
+    """run(first, last) over work items 0 .. items - 1, split across torch's intra-op threads."""
+    threads = min(torch.get_num_threads(), items)
+    if threads <= 1:
         run(0, items)
-        return out
+        return
     bounds = [items * i // threads for i in range(threads + 1)]
     list(_pool(threads).map(run, bounds[:-1], bounds[1:]))  # ctypes releases the GIL: threads overlap
-    return out
 
 
 class CpuKernelDecode:
     """`paged_decode` for batches of MIN_ROWS rows or more; smaller ones through SDPA over gathered K/V
-    (no staged copies: the kernel's iterations would leave them stale)."""
+    (no staged copies: the kernel's iterations would leave them stale). Where it runs, the engine's
+    prefill attends through `paged_prefill` (`engine.LLMEngine`)."""
 
     name = "cpu"
 
