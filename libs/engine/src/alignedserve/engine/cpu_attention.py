@@ -110,7 +110,7 @@ def _build(compiler: str, directory: Path) -> Path:
 
 @functools.cache
 def _pool(threads: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cpu-decode")
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cpu-attention")
 
 
 def paged_decode(
@@ -128,17 +128,16 @@ def paged_decode(
     out = torch.empty_like(query)
     rows, heads, dim = query.shape
     _, block_size, kv_heads, _ = keys.shape
-    function = library().paged_decode_bf16
-    common = (
+    arguments = (
         query.data_ptr(), keys.data_ptr(), values.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(),
         out.data_ptr(), heads, kv_heads, dim, block_size, block_tables.shape[1], max_context, scale,
     )  # fmt: skip
-
-    def run(first: int, last: int) -> None:
-        if function(*common, first, last) != 0:
-            raise ValueError(f"cpu paged decode cannot take heads={heads}, kv_heads={kv_heads}, d={dim}")
-
-    _split(run, rows * kv_heads)
+    _run(
+        library().paged_decode_bf16,
+        arguments,
+        rows * kv_heads,
+        f"decode with {heads}/{kv_heads} heads, d={dim}",
+    )
     return out
 
 
@@ -158,22 +157,22 @@ def paged_prefill(
     out = torch.empty_like(query)
     q_len, heads, dim = query.shape
     _, block_size, kv_heads, _ = keys.shape
-    function = library().paged_prefill_bf16
-    common = (
+    arguments = (
         query.data_ptr(), keys.data_ptr(), values.data_ptr(), table.data_ptr(), out.data_ptr(),
         q_len, cached, heads, kv_heads, dim, block_size, scale,
     )  # fmt: skip
-
-    def run(first: int, last: int) -> None:
-        if function(*common, first, last) != 0:
-            raise ValueError(f"cpu paged prefill cannot take heads={heads}, kv_heads={kv_heads}, d={dim}")
-
-    _split(run, kv_heads)
+    _run(library().paged_prefill_bf16, arguments, kv_heads, f"prefill with {heads}/{kv_heads} heads, d={dim}")
     return out
 
 
-def _split(run: Callable[[int, int], None], items: int) -> None:
-    """run(first, last) over work items 0 .. items - 1, split across torch's intra-op threads."""
+def _run(function: Callable[..., int], arguments: tuple[object, ...], items: int, what: str) -> None:
+    """function(*arguments, first, last) over work items 0 .. items - 1, split across torch's intra-op
+    threads. what: the call, for the error when the kernel refuses its shape."""
+
+    def run(first: int, last: int) -> None:
+        if function(*arguments, first, last) != 0:
+            raise ValueError(f"the cpu attention kernels cannot run {what}; use decode_backend torch")
+
     threads = min(torch.get_num_threads(), items)
     if threads <= 1:
         run(0, items)

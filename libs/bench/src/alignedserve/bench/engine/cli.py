@@ -19,7 +19,10 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from alignedserve.engine.config import EngineConfig
 
 
 @dataclass(frozen=True)
@@ -181,15 +184,8 @@ def _run_case(
     from alignedserve.bench.engine.hf import hf_continuous_decode, hf_static_decode
     from alignedserve.bench.engine.steps import engine_decode
     from alignedserve.bench.stats import DecodeRate
-    from alignedserve.engine.config import EngineConfig
 
-    config = EngineConfig(
-        model=args.model,
-        dtype=dtype,
-        attention=args.attention,
-        linear_kernel=args.linear,
-        decode_backend=args.decode_backend,
-    )
+    config = _engine_config(args, dtype)
     runners: dict[str, Callable[[], DecodeRate]] = {
         "engine": lambda: engine_decode(loaded, config, prompt, batch, settings.steps),
         "hf_static": lambda: hf_static_decode(loaded.hf_model, prompt, batch, settings.steps),
@@ -298,19 +294,24 @@ def _fractions(report: dict[str, Any], shapes: Any, dtype: str) -> list[dict[str
     return rows
 
 
-def _ratio(
-    args: argparse.Namespace, settings: Settings, loaded: Any, tokens: list[int], dtype: str
-) -> dict[str, Any]:
-    from alignedserve.bench.engine.steps import mixed_over_aligned
+def _engine_config(args: argparse.Namespace, dtype: str) -> EngineConfig:
     from alignedserve.engine.config import EngineConfig
 
-    config = EngineConfig(
+    return EngineConfig(
         model=args.model,
         dtype=dtype,
         attention=args.attention,
         linear_kernel=args.linear,
         decode_backend=args.decode_backend,
     )
+
+
+def _ratio(
+    args: argparse.Namespace, settings: Settings, loaded: Any, tokens: list[int], dtype: str
+) -> dict[str, Any]:
+    from alignedserve.bench.engine.steps import mixed_over_aligned
+
+    config = _engine_config(args, dtype)
     result = mixed_over_aligned(loaded, config, tokens, settings.ratio_steps)
     return {
         "mixed_over_aligned_iteration": round(result.ratio, 3),
