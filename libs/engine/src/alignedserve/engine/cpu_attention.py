@@ -12,8 +12,8 @@ is the accuracy contract's batch-1 reference bit for bit.
 
 The C source is compiled once per host with the system C compiler (`cc`, or $CC) into
 `$ALIGNEDSERVE_CACHE_DIR/kernels/` (default `~/.cache/alignedserve`), keyed by the source, the flags and
-the compiler; `ctypes` loads it and releases the GIL for every call. Work items (row, KV head) are split
-across torch's intra-op threads. No compiler, or a CPU without AVX-512 BF16: `kernel_available()` is
+the compiler; `ctypes` loads it and releases the GIL for every call. Work items (decode: row x KV head;
+prefill: KV head) are split across torch's intra-op threads. No compiler, or a CPU without AVX-512 BF16: `kernel_available()` is
 False and "auto" stays on "torch".
 """
 
@@ -76,8 +76,10 @@ def library() -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise KernelUnavailable("no C compiler (cc or $CC) to build it")
-    path = _build(compiler, cache_root() / "kernels")
-    library = ctypes.CDLL(str(path))
+    try:
+        library = ctypes.CDLL(str(_build(compiler, cache_root() / "kernels")))
+    except OSError as exc:  # a read-only cache directory, a compiler that does not run, a bad library
+        raise KernelUnavailable(f"building or loading it failed: {exc}") from exc
     decode = library.paged_decode_bf16
     decode.restype = ctypes.c_int
     decode.argtypes = [_PTR] * 6 + [_I64] * 6 + [ctypes.c_float, _I64, _I64]
