@@ -18,6 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+// The floor of a running maximum and the score of a masked key. Finite: -ffast-math lets the compiler
+// assume no infinities. exp(LOWEST - any real score) is 0, and masked keys get probability 0 explicitly.
+#define LOWEST (-3.0e38f)
+
 #define MAX_GROUP 16  // query heads per KV head
 #define MAX_DIM 256   // head_dim, a multiple of 32
 #define PREFETCH_BLOCKS 2  // blocks are scattered: the hardware prefetcher restarts at each one
@@ -56,7 +60,7 @@ static inline __attribute__((always_inline)) void prefetch_block(const uint16_t 
 
 static inline void softmax_rows(float *scores, int64_t group, int64_t len) {
     for (int64_t g = 0; g < group; g++) {
-        float *row = scores + g * len, top = -INFINITY, sum = 0.f;
+        float *row = scores + g * len, top = LOWEST, sum = 0.f;
         for (int64_t t = 0; t < len; t++) top = row[t] > top ? row[t] : top;
         for (int64_t t = 0; t < len; t++) {
             row[t] = expf(row[t] - top);
@@ -210,7 +214,7 @@ static inline __attribute__((always_inline)) void attend_tile(const uint16_t *q,
     const int64_t pairs = dim / 2, chunks = dim / 16;
     int64_t last = 0;
     for (int64_t r = 0; r < rows; r++) {
-        m[r] = -INFINITY;
+        m[r] = LOWEST;
         l[r] = 0.f;
         last = limit[r] > last ? limit[r] : last;
     }
@@ -242,7 +246,7 @@ static inline __attribute__((always_inline)) void attend_tile(const uint16_t *q,
             float *row = s + r * KEY_TILE, top = m[r];
             const int64_t visible = limit[r] - tile * KEY_TILE + 1;  // keys of this tile row r sees
             for (int64_t n = 0; n < KEY_TILE; n++) {
-                if (n >= visible) row[n] = -INFINITY;
+                if (n >= visible) row[n] = LOWEST;
                 top = row[n] > top ? row[n] : top;
             }
             const float rescale = expf(m[r] - top);
