@@ -50,8 +50,8 @@ async def serve(settings: DecodeSettings, loaded: LoadedModel | None = None) -> 
         runtime.spawn(worker.run(), "decode-loop")
         runtime.set_ready()
         log.info("decode_ready", worker_id=settings.worker_id, dtype=engine.config.dtype,
-                 ucx=address.to_wire(), total_blocks=engine.allocator.num_blocks,
-                 max_num_seqs=settings.max_num_seqs)  # fmt: skip
+                 attention=engine.runner.decode_backend.name, ucx=address.to_wire(),
+                 total_blocks=engine.allocator.num_blocks, max_num_seqs=settings.max_num_seqs)  # fmt: skip
         await runtime.run_until_drained()
     finally:
         await runtime.close()

@@ -54,6 +54,7 @@ async def serve(settings: PrefillSettings) -> int:
             "prefill_ready",
             model=engine.model_id,
             dtype=engine.config.dtype,
+            attention=engine.runner.decode_backend.name,  # "cpu": the C kernels attend continuation chunks
             ucx=address.to_wire(),
             blocks=engine.allocator.num_blocks,
         )
