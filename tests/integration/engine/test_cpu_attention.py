@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from engine_models import mixed_prompts, random_model, tiny_engine
+from engine_models import TINY_LLAMA, mixed_prompts, random_model, tiny_engine
 from transformers import LlamaConfig
 
 from alignedserve.core.sampling import SamplingParams
@@ -145,16 +145,9 @@ def test_one_row_takes_the_torch_path_and_more_take_the_kernel() -> None:
     assert backend.begin([0, 1], [40, 2], [[3, 4, 5], [6]]).strategy == "cpu"
 
 
-TINY_LLAMA_D64 = LlamaConfig(  # head_dim 64: a shape the kernel takes (the shared tiny model's is 16)
-    vocab_size=512,
-    hidden_size=256,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=2048,
-    eos_token_id=2,
-    bos_token_id=1,
+# the shared tiny Llama at head_dim 64, a shape the kernels take (its own is 16)
+TINY_LLAMA_D64 = LlamaConfig(
+    **{**TINY_LLAMA.to_dict(), "hidden_size": 256, "intermediate_size": 256, "head_dim": 64}
 )
 
 

@@ -188,7 +188,7 @@ int paged_decode_bf16(const uint16_t *query, const uint16_t *keys, const uint16_
 
 // One KV head. kp: [tiles][dim/2][KEY_TILE] uint32 (pairs of d); vp: [tiles][KEY_TILE/2][dim] uint32 (pairs of keys).
 static inline __attribute__((always_inline)) void pack_head(const uint16_t *keys, const uint16_t *values,
-                                                            const int32_t *table, int64_t total, int64_t bs,
+                                                            const int64_t *table, int64_t total, int64_t bs,
                                                             int64_t stride, int64_t dim, uint32_t *kp, uint32_t *vp) {
     const int64_t tiles = (total + KEY_TILE - 1) / KEY_TILE, pairs = dim / 2;
     memset(kp, 0, sizeof(uint32_t) * tiles * pairs * KEY_TILE);
@@ -295,7 +295,7 @@ static void attend_tile_any(const uint16_t *q, const int64_t *limit, int64_t row
 // query, out: [q_len, heads, dim] (positions cached .. cached + q_len - 1); keys, values: the paged cache
 // [num_blocks, block_size, kv_heads, dim] holding all cached + q_len tokens; table: the request's blocks.
 // KV heads first .. last - 1. Returns 0, -1 for a shape it does not take, -2 out of memory.
-int paged_prefill_bf16(const uint16_t *query, const uint16_t *keys, const uint16_t *values, const int32_t *table,
+int paged_prefill_bf16(const uint16_t *query, const uint16_t *keys, const uint16_t *values, const int64_t *table,
                        uint16_t *out, int64_t q_len, int64_t cached, int64_t heads, int64_t kv_heads, int64_t dim,
                        int64_t block_size, float scale, int64_t first, int64_t last) {
     const int64_t group = heads / kv_heads, total = cached + q_len;

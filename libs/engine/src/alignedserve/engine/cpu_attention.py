@@ -153,14 +153,14 @@ def paged_prefill(
 ) -> torch.Tensor:
     """One request's chunk. query: [q, heads, d] bfloat16, positions cached .. cached + q - 1; keys,
     values: [num_blocks, block_size, kvh, d] (one layer's paged cache, holding all cached + q tokens);
-    block_table: [>= blocks of cached + q] -> [q, heads, d], query i seeing keys 0 .. cached + i."""
+    block_table: [>= blocks of cached + q] int64, contiguous (the span's own, as the runner makes it once a
+    forward) -> [q, heads, d], query i seeing keys 0 .. cached + i."""
     query = query.contiguous()
-    table = block_table.to(torch.int32).contiguous()
     out = torch.empty_like(query)
     q_len, heads, dim = query.shape
     _, block_size, kv_heads, _ = keys.shape
     arguments = (
-        query.data_ptr(), keys.data_ptr(), values.data_ptr(), table.data_ptr(), out.data_ptr(),
+        query.data_ptr(), keys.data_ptr(), values.data_ptr(), block_table.data_ptr(), out.data_ptr(),
         q_len, cached, heads, kv_heads, dim, block_size, scale,
     )  # fmt: skip
     _run(library().paged_prefill_bf16, arguments, kv_heads, f"prefill with {heads}/{kv_heads} heads, d={dim}")
@@ -191,7 +191,7 @@ class CpuKernelDecode:
     name = "cpu"
 
     def __init__(self, small: SdpaDecode, block_size: int, device: torch.device) -> None:
-        library()  # fail at start, not at the first batch
+        library()  # fail at start (KernelUnavailable), not at the first batch
         self.small: DecodeBackend = small
         self.block_size = block_size
         self.device = device

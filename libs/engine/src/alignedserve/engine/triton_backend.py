@@ -86,8 +86,7 @@ def select_backend(
     if name == "triton":
         return TritonDecode(block_size, device)
     if name == "cpu":
-        check_cpu_kernel(device, dtype)
-        return cpu_attention.CpuKernelDecode.build(selector, block_size, device)
+        return cpu_kernel_backend(device, dtype, block_size, selector)
     if name == "reference":
         return ReferenceDecode(device)
     return SdpaDecode(selector, block_size, device, kv)
@@ -102,11 +101,13 @@ def _auto(device: torch.device, dtype: torch.dtype) -> str:
     return "torch"
 
 
-def check_cpu_kernel(device: torch.device, dtype: torch.dtype) -> None:
+def cpu_kernel_backend(
+    device: torch.device, dtype: torch.dtype, block_size: int, selector: GroupingSelector
+) -> DecodeBackend:
     if device.type != "cpu" or dtype != torch.bfloat16:
         raise ValueError(f"decode_backend 'cpu' runs bfloat16 on a CPU; this engine is {dtype} on {device}")
     try:
-        cpu_attention.library()
+        return cpu_attention.CpuKernelDecode.build(selector, block_size, device)
     except cpu_attention.KernelUnavailable as exc:
         raise ValueError(
             f"decode_backend 'cpu' is unavailable here: {exc}; use decode_backend torch"
