@@ -24,7 +24,11 @@
 
 #define MAX_GROUP 16  // query heads per KV head
 #define MAX_DIM 256   // head_dim, a multiple of 32
-#define PREFETCH_BLOCKS 2  // blocks are scattered: the hardware prefetcher restarts at each one
+// Blocks are scattered, so the hardware prefetcher restarts at each one: the kernel prefetches the next
+// blocks itself, into L2 (_MM_HINT_T1). Into L1 (T0) the misses in flight are capped by L1's few fill
+// buffers: on the 2-core AVX-512 BF16 host, decode over the engine's 30 layers (K/V from memory, 13 rows x
+// 256 keys) took 434 us a layer with T0 and 2 blocks ahead, 209 with T1 and 4 (docs/benchmarks.md).
+#define PREFETCH_BLOCKS 4
 
 static inline uint16_t bf16_round(float f) {  // round to nearest even, as torch's float -> bfloat16
     union { uint32_t u; float f; } v;
@@ -55,7 +59,7 @@ static inline __m512 lane_totals(const __m512 *v) {
 static inline __attribute__((always_inline)) void prefetch_block(const uint16_t *first_token, int64_t block_size, int64_t token_stride, int64_t dim) {
     for (int64_t slot = 0; slot < block_size; slot++)
         for (int64_t byte = 0; byte < dim * 2; byte += 64)
-            _mm_prefetch((const char *)(first_token + slot * token_stride) + byte, _MM_HINT_T0);
+            _mm_prefetch((const char *)(first_token + slot * token_stride) + byte, _MM_HINT_T1);
 }
 
 static inline void softmax_rows(float *scores, int64_t group, int64_t len) {
