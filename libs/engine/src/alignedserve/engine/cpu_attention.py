@@ -10,30 +10,19 @@ signature. `paged_prefill` attends one request's chunk to its cached prefix and 
 backend (`CpuKernelDecode`) runs both: batches of one decode row keep the "torch" path, whose SDPA call
 is the accuracy contract's batch-1 reference bit for bit.
 
-The C source is compiled once per host with the system C compiler (`cc`, or $CC) into
-`$ALIGNEDSERVE_CACHE_DIR/kernels/` (default `~/.cache/alignedserve`), keyed by the source, the flags and
-the compiler; `ctypes` loads it and releases the GIL for every call. Work items (decode: row x KV head;
-prefill: KV head) are split across torch's intra-op threads. No compiler, or a CPU without AVX-512 BF16: `kernel_available()` is
-False and "auto" stays on "torch".
+The C source is built and loaded by `cpu_kernels` (once per host, with the system C compiler). Work items
+(decode: row x KV head; prefill: KV head) are split across torch's intra-op threads. No compiler, or a CPU
+without AVX-512 BF16: `kernel_available()` is False and "auto" stays on "torch".
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import torch
 
-from alignedserve.core.models import cache_root
-from alignedserve.engine.config import host_cpu_flags
+from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, compiled, run_split
 from alignedserve.engine.decode_backend import (
     DecodeBackend,
     DecodeStep,
@@ -43,20 +32,9 @@ from alignedserve.engine.decode_backend import (
 )
 from alignedserve.engine.decode_kv import GatheredKv
 
-SOURCE = Path(__file__).with_name("cpu_attention.c")
-REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
-# -ffast-math at compile time only (reassociated reductions, libmvec's vector expf); linking without it
-# keeps crtfastmath out, which would set flush-to-zero for the whole process (and torch's float32).
-COMPILE_FLAGS = (
-    *("-O3", "-std=gnu11", "-fPIC", "-ffast-math"),
-    *("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"),
-)
+__all__ = ["CpuKernelDecode", "KernelUnavailable", "kernel_available", "paged_decode", "paged_prefill"]
+
 MIN_ROWS = 2  # one row: the "torch" path (the accuracy contract's batch-1 parity)
-_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-
-
-class KernelUnavailable(RuntimeError):
-    pass
 
 
 def kernel_available() -> bool:
@@ -69,50 +47,15 @@ def kernel_available() -> bool:
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    """The compiled kernel, built on first use; KernelUnavailable says why not."""
-    missing = REQUIRED_FLAGS - host_cpu_flags()
-    if missing:
-        raise KernelUnavailable(f"this CPU lacks {', '.join(sorted(missing))}")
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise KernelUnavailable("no C compiler (cc or $CC) to build it")
-    try:
-        library = ctypes.CDLL(str(_build(compiler, cache_root() / "kernels")))
-    except OSError as exc:  # a read-only cache directory, a compiler that does not run, a bad library
-        raise KernelUnavailable(f"building or loading it failed: {exc}") from exc
+    """The compiled kernels, built on first use; KernelUnavailable says why not."""
+    library = compiled("cpu_attention.c")
     decode = library.paged_decode_bf16
     decode.restype = ctypes.c_int
-    decode.argtypes = [_PTR] * 6 + [_I64] * 6 + [ctypes.c_float, _I64, _I64]
+    decode.argtypes = [PTR] * 6 + [I64] * 6 + [ctypes.c_float, I64, I64]
     prefill = library.paged_prefill_bf16
     prefill.restype = ctypes.c_int
-    prefill.argtypes = [_PTR] * 5 + [_I64] * 6 + [ctypes.c_float, _I64, _I64]
+    prefill.argtypes = [PTR] * 5 + [I64] * 6 + [ctypes.c_float, I64, I64]
     return library
-
-
-def _build(compiler: str, directory: Path) -> Path:
-    """The shared library for this source, flags and compiler: built unless already there."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
-    key = hashlib.sha256(repr((SOURCE.read_bytes(), COMPILE_FLAGS, version)).encode()).hexdigest()
-    path = directory / f"cpu_attention-{key[:16]}.so"
-    if path.exists():
-        return path
-    directory.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory) as scratch:
-        obj, lib = Path(scratch) / "cpu_attention.o", Path(scratch) / path.name
-        for command in (
-            [compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
-            [compiler, "-shared", str(obj), "-o", str(lib), "-lm"],
-        ):
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise KernelUnavailable(f"{' '.join(command)} failed: {done.stderr.strip()[-2000:]}")
-        os.replace(lib, path)  # atomic: a concurrent builder's copy is the same bytes
-    return path
-
-
-@functools.cache
-def _pool(threads: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cpu-attention")
 
 
 def paged_decode(
@@ -134,11 +77,11 @@ def paged_decode(
         query.data_ptr(), keys.data_ptr(), values.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(),
         out.data_ptr(), heads, kv_heads, dim, block_size, block_tables.shape[1], max_context, scale,
     )  # fmt: skip
-    _run(
+    run_split(
         library().paged_decode_bf16,
         arguments,
         rows * kv_heads,
-        f"decode with {heads}/{kv_heads} heads, d={dim}",
+        f"decode with {heads}/{kv_heads} heads, d={dim} (use decode_backend torch)",
     )
     return out
 
@@ -163,24 +106,13 @@ def paged_prefill(
         query.data_ptr(), keys.data_ptr(), values.data_ptr(), block_table.data_ptr(), out.data_ptr(),
         q_len, cached, heads, kv_heads, dim, block_size, scale,
     )  # fmt: skip
-    _run(library().paged_prefill_bf16, arguments, kv_heads, f"prefill with {heads}/{kv_heads} heads, d={dim}")
+    run_split(
+        library().paged_prefill_bf16,
+        arguments,
+        kv_heads,
+        f"prefill with {heads}/{kv_heads} heads, d={dim} (use decode_backend torch)",
+    )
     return out
-
-
-def _run(function: Callable[..., int], arguments: tuple[object, ...], items: int, what: str) -> None:
-    """function(*arguments, first, last) over work items 0 .. items - 1, split across torch's intra-op
-    threads. what: the call, for the error when the kernel refuses its shape."""
-
-    def run(first: int, last: int) -> None:
-        if function(*arguments, first, last) != 0:
-            raise ValueError(f"the cpu attention kernels cannot run {what}; use decode_backend torch")
-
-    threads = min(torch.get_num_threads(), items)
-    if threads <= 1:
-        run(0, items)
-        return
-    bounds = [items * i // threads for i in range(threads + 1)]
-    list(_pool(threads).map(run, bounds[:-1], bounds[1:]))  # ctypes releases the GIL: threads overlap
 
 
 class CpuKernelDecode:

@@ -17,7 +17,7 @@ import torch
 from alignedserve.core.blocks import BlockAllocator, blocks_for
 from alignedserve.core.sampling import SamplingParams
 from alignedserve.core.stopping import StopChecker
-from alignedserve.engine import cpu_attention
+from alignedserve.engine import cpu_attention, cpu_linear
 from alignedserve.engine.attention import (
     BucketedGrouping,
     DecodeGrouping,
@@ -25,12 +25,13 @@ from alignedserve.engine.attention import (
     PerSequenceGrouping,
 )
 from alignedserve.engine.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
+from alignedserve.engine.cpu_linear import CpuKernelLinear, packed_weights
 from alignedserve.engine.decode_backend import FixedGrouping, GroupingSelector
 from alignedserve.engine.decode_kv import DecodeKv, GatheredKv, StagedKv
 from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
 from alignedserve.engine.kv_export import KvExport, export_kv, import_kv
 from alignedserve.engine.loader import LoadedModel, load
-from alignedserve.engine.model import kv_layout, paged_model
+from alignedserve.engine.model import PagedModel, kv_layout, linear_groups, paged_model, with_linear
 from alignedserve.engine.penalties import TokenHistory, adjusted_logits
 from alignedserve.engine.placement import place_process
 from alignedserve.engine.request import (
@@ -95,7 +96,8 @@ class LLMEngine:
         )
         # where the C decode kernel runs, its prefill kernel does too (the same host class and library)
         prefill_kernel = cpu_attention.paged_prefill if decode.name == "cpu" else None
-        self.runner = ModelRunner(self.model, self.cache, decode, timer, prefill_kernel)
+        decode_model = _decode_model(self.model, self.loaded.hf_model, decode.name, config.linear_kernel)
+        self.runner = ModelRunner(self.model, self.cache, decode, timer, prefill_kernel, decode_model)
         self.scheduler = Scheduler(
             self.allocator,
             config.max_num_seqs,
@@ -422,6 +424,17 @@ def _selector(config: EngineConfig) -> GroupingSelector:
     if config.attention in fixed:
         return FixedGrouping(fixed[config.attention])
     return ShapeSelector()
+
+
+def _decode_model(model: PagedModel, hf_model: object, decode_backend: str, linear: str) -> PagedModel:
+    """Where the C decode kernels run and the linear kernel is "auto", decode forwards multiply by the C
+    GEMM (`cpu_linear`: the same host class and library build) from two rows; prefill keeps `model`'s
+    kernel, whose batch-1 results are transformers' bit for bit (the accuracy contract)."""
+    if decode_backend != "cpu" or linear != "auto" or not cpu_linear.kernel_available():
+        return model
+    return with_linear(
+        model, CpuKernelLinear(packed_weights(hf_model, linear_groups(hf_model)), model.linear)
+    )
 
 
 def _decode_kv(config: EngineConfig, layout: KvLayout) -> DecodeKv:

@@ -9,6 +9,7 @@ position.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Protocol
 
 import torch
@@ -30,6 +31,7 @@ class LayerAttention(Protocol):
 class PagedModel(Protocol):
     layout_heads: tuple[int, int, int, int]  # (layers, heads, kv_heads, head_dim)
     max_context: int
+    linear: LinearKernel  # how every projection is multiplied (`with_linear` swaps it)
 
     def hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attention: LayerAttention
@@ -213,9 +215,24 @@ def _llama_context(config: Any) -> int:
 
 def paged_model(hf_model: Any, linear: str = "auto") -> PagedModel:
     """The lean forward for a loaded transformers causal LM; `linear`: its linear kernel's name."""
+    kernel = linear_kernel(hf_model, linear, linear_groups(hf_model))
+    if hf_model.config.model_type == "opt":
+        return OptModel(hf_model, kernel)
+    return LlamaFamilyModel(hf_model, kernel)
+
+
+def linear_groups(hf_model: Any) -> list[FusedGroup]:
+    """The projections of each layer that read the same input, which a kernel may run as one."""
     model_type = hf_model.config.model_type
     if model_type in ("llama", "mistral", "qwen2"):
-        return LlamaFamilyModel(hf_model, linear_kernel(hf_model, linear, _llama_groups(hf_model)))
+        return _llama_groups(hf_model)
     if model_type == "opt":
-        return OptModel(hf_model, linear_kernel(hf_model, linear, _opt_groups(hf_model)))
+        return _opt_groups(hf_model)
     raise ValueError(f"no paged forward for model type {model_type!r}; supported: llama, mistral, qwen2, opt")
+
+
+def with_linear(model: PagedModel, linear: LinearKernel) -> PagedModel:
+    """The same forward over the same weights, its projections through `linear`."""
+    other = copy.copy(model)
+    other.linear = linear
+    return other

@@ -67,8 +67,10 @@ class ModelRunner:
         decode: DecodeBackend,
         timer: IterationTimer | None = None,
         prefill_kernel: PagedPrefill | None = None,
+        decode_model: PagedModel | None = None,
     ) -> None:
         self.model = model
+        self.decode_model = decode_model or model  # the same weights; decode forwards may multiply otherwise
         self.decode_backend = decode
         self.prefill_kernel = prefill_kernel  # None: SDPA per span
         self.cache = cache
@@ -148,7 +150,7 @@ class ModelRunner:
                 return step(cache, layer, q, scale, (k, v))
 
         ids = [row.token_id for row in rows]
-        _, logits = self._forward(ids, [row.position for row in rows], attend, None)
+        _, logits = self._forward(ids, [row.position for row in rows], attend, None, self.decode_model)
         self._record("decode", len(rows), len(rows), context_lens, step.strategy)
         return logits
 
@@ -158,12 +160,14 @@ class ModelRunner:
         positions: list[int],
         attend: object,
         logit_rows: list[int] | None,
+        model: PagedModel | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (hidden [T, hidden] of every token, logits [N, vocab] of `logit_rows`, or of all rows)."""
+        model = model or self.model
         with self.timer.forward():
-            hidden = self.model.hidden(self._tensor(ids), self._tensor(positions), attend)  # type: ignore[arg-type]
+            hidden = model.hidden(self._tensor(ids), self._tensor(positions), attend)  # type: ignore[arg-type]
             wanted = hidden if logit_rows is None else hidden[self._tensor(logit_rows)]
-            return hidden, self.model.logits(wanted)
+            return hidden, model.logits(wanted)
 
     def _record(self, kind: str, batch: int, tokens: int, contexts: list[int], strategy: str) -> None:
         total, attention = self.timer.take()

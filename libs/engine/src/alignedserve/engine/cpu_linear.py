@@ -1,0 +1,138 @@
+"""bfloat16 linear layers through a C kernel (`cpu_linear.c`) for decode on CPUs with AVX-512 BF16.
+
+At decode's few rows oneDNN's bfloat16 GEMM on such a CPU (without AMX) neither streams the weights at
+memory speed nor reaches the core's vdpbf16ps rate: over SmolLM2's projections, one thread, it took 25.9
+ms at 1 row and 30.0 at 8 against the kernel's 15.8 and 17.8 (docs/benchmarks.md, "Linear layers for CPUs
+with AVX-512 BF16"). The kernel streams each packed weight once per call with every row's accumulators in
+registers. Each weight (q/k/v and gate/up concatenated, as `PackedCpuLinear` does) is packed once per
+loaded model into the layout the instruction reads.
+
+The engine uses it for decode forwards where the "cpu" decode backend runs (`engine._decode_model`), for
+MIN_ROWS .. MAX_ROWS rows; other calls go to `small` (the model's own kernel). One row stays there for the
+accuracy contract: the kernel sums in another order than oneDNN, so ~0.005 % of its outputs differ from
+transformers' by one bfloat16 step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, compiled, run_split
+from alignedserve.engine.linear import FusedGroup, LinearKernel
+
+__all__ = ["CpuKernelLinear", "KernelUnavailable", "kernel_available"]
+
+# Rows the kernel takes: one row stays on `small` (the accuracy contract's batch-1 parity); from ~32 rows
+# oneDNN is as fast (decode steps of 2 / 4 / 13 / 20 / 24 / 32 / 48 rows: 1.60 / 1.22 / 1.19 / 1.10 / 1.05
+# / 0.99 / 1.01x; docs/benchmarks.md).
+MIN_ROWS, MAX_ROWS = 2, 24
+COLUMN_BLOCK = 16  # output columns per packed block (cpu_linear.c)
+
+
+def kernel_available() -> bool:
+    try:
+        library()
+    except KernelUnavailable:
+        return False
+    return True
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    library = compiled("cpu_linear.c")
+    library.pack_weight_bf16.restype = None
+    library.pack_weight_bf16.argtypes = [PTR, PTR, I64, I64]
+    library.linear_bf16.restype = ctypes.c_int
+    library.linear_bf16.argtypes = [PTR, I64, PTR, PTR, I64, I64, I64, I64, I64]
+    return library
+
+
+def packable(weight: torch.Tensor) -> bool:
+    out_features, in_features = weight.shape
+    return weight.dtype == torch.bfloat16 and out_features % COLUMN_BLOCK == 0 and in_features % 2 == 0
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] bfloat16 -> the same elements in the kernel's layout ([out / 16][in / 2][16][2])."""
+    weight = weight.detach().contiguous()
+    packed = torch.empty_like(weight)
+    library().pack_weight_bf16(weight.data_ptr(), packed.data_ptr(), *weight.shape)
+    return packed
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x: [T, in] bfloat16 (rows may be strided) @ the packed weight -> [T, out] bfloat16."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    rows, in_features = x.shape
+    out = torch.empty(rows, packed.shape[0], dtype=x.dtype, device=x.device)
+    arguments = (
+        x.data_ptr(),
+        x.stride(0),
+        packed.data_ptr(),
+        out.data_ptr(),
+        out.stride(0),
+        rows,
+        in_features,
+    )
+    run_split(
+        library().linear_bf16, arguments, packed.shape[0] // COLUMN_BLOCK, f"a linear of {tuple(x.shape)}"
+    )
+    return out
+
+
+PackedWeights = dict[tuple[int, ...], torch.Tensor]  # module ids (one, or a group's) -> packed weight
+_PACKED: weakref.WeakKeyDictionary[Any, PackedWeights] = weakref.WeakKeyDictionary()
+
+
+def packed_weights(hf_model: Any, groups: list[FusedGroup]) -> PackedWeights:
+    """Every bias-free bfloat16 linear of the model the kernel can take, packed once per loaded model (every
+    engine built on it shares them); the projections of a group as one concatenated weight."""
+    packed = _PACKED.get(hf_model)
+    if packed is None:
+        packed = {}
+        grouped = {id(m) for group in groups for m in group}
+        modules = [m for m in hf_model.modules() if isinstance(m, nn.Linear) and id(m) not in grouped]
+        with torch.inference_mode():
+            for unit in [(m,) for m in modules] + list(groups):
+                weight = torch.cat([m.weight for m in unit]) if len(unit) > 1 else unit[0].weight
+                if packable(weight) and all(m.bias is None for m in unit):
+                    packed[tuple(id(m) for m in unit)] = pack(weight)
+        _PACKED[hf_model] = packed
+    return packed
+
+
+class CpuKernelLinear:
+    """`linear` at MIN_ROWS .. MAX_ROWS rows for every weight it could pack; everything else through `small`."""
+
+    name = "cpu"
+
+    def __init__(self, packed: PackedWeights, small: LinearKernel) -> None:
+        self.small = small
+        self._packed = packed
+
+    def __call__(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        packed = self._weight((module,), x)
+        return self.small(module, x) if packed is None else linear(x, packed)
+
+    def many(self, group: FusedGroup, x: torch.Tensor) -> list[torch.Tensor]:
+        packed = self._weight(group, x)
+        if packed is None:
+            return self.small.many(group, x)
+        return list(torch.split(linear(x, packed), [m.out_features for m in group], dim=-1))
+
+    def fused(self, group: FusedGroup, x: torch.Tensor) -> torch.Tensor:
+        packed = self._weight(group, x)
+        return self.small.fused(group, x) if packed is None else linear(x, packed)
+
+    def _weight(self, unit: FusedGroup, x: torch.Tensor) -> torch.Tensor | None:
+        """The packed weight for this call, or None where `small` takes it."""
+        if not MIN_ROWS <= x.shape[0] <= MAX_ROWS or x.dtype != torch.bfloat16:
+            return None
+        return self._packed.get(tuple(id(m) for m in unit))

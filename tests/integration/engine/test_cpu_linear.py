@@ -1,0 +1,99 @@
+"""The C GEMM for decode on CPUs with AVX-512 BF16 (`cpu_linear`), built with this host's C compiler. It
+matches `F.linear` within one bfloat16 step at every row count a tile specialization covers (1-12 rows,
+and balanced tiles beyond), over strided inputs and column ranges split across two threads. Behind the
+engine, decode forwards of two or more rows take it where the "cpu" decode backend runs and the linear
+kernel is "auto"; one-row calls, prefill and an explicit linear kernel keep the model's own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from engine_models import TINY_LLAMA, mixed_prompts, random_model, tiny_engine
+from torch import nn
+from transformers import LlamaConfig
+
+from alignedserve.core.sampling import SamplingParams
+from alignedserve.engine import cpu_linear
+from alignedserve.engine.linear import TorchLinear
+
+pytestmark = pytest.mark.skipif(
+    not cpu_linear.kernel_available(), reason="needs a CPU with AVX-512 BF16 and a C compiler"
+)
+TINY_LLAMA_D64 = LlamaConfig(
+    **{**TINY_LLAMA.to_dict(), "hidden_size": 256, "intermediate_size": 256, "head_dim": 64}
+)
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _within_one_step(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal up to one bfloat16 rounding step of the output (the kernel sums k in another order)."""
+    step = want.float().abs().clamp_min(1e-3) * 2**-7
+    assert ((got.float() - want.float()).abs() <= step).all()
+    assert (got != want).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 12, 13, 24, 25, 40])
+@pytest.mark.parametrize(("out_features", "in_features"), [(16, 2), (48, 576), (960, 576), (576, 1536)])
+def test_matches_f_linear_within_one_bfloat16_step(rows: int, out_features: int, in_features: int) -> None:
+    generator = torch.Generator().manual_seed(rows * 7 + out_features)
+    weight = (torch.randn(out_features, in_features, generator=generator) * 0.05).bfloat16()
+    x = torch.randn(rows, in_features, generator=generator).bfloat16()
+    _within_one_step(cpu_linear.linear(x, cpu_linear.pack(weight)), nn.functional.linear(x, weight))
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_strided_rows_and_two_threads_give_the_one_thread_result() -> None:
+    generator = torch.Generator().manual_seed(1)
+    weight = (torch.randn(208, 96, generator=generator) * 0.05).bfloat16()  # 13 column blocks: split unevenly
+    wide = torch.randn(9, 160, generator=generator).bfloat16()
+    x = wide[:, 32:128]  # rows 160 elements apart
+    packed = cpu_linear.pack(weight)
+    split = cpu_linear.linear(x, packed)
+    torch.set_num_threads(1)
+    assert torch.equal(split, cpu_linear.linear(x.contiguous(), packed))
+    _within_one_step(split, nn.functional.linear(x, weight))
+
+
+def test_weights_it_cannot_take_stay_with_the_small_kernel() -> None:
+    assert not cpu_linear.packable(torch.zeros(24, 64, dtype=torch.bfloat16))  # 24 columns: not 16s
+    assert not cpu_linear.packable(torch.zeros(32, 63, dtype=torch.bfloat16))  # odd k
+    assert not cpu_linear.packable(torch.zeros(32, 64))  # float32
+    module = nn.Linear(64, 32, bias=True).bfloat16()
+    holder = nn.Sequential(module)
+    kernel = cpu_linear.CpuKernelLinear(cpu_linear.packed_weights(holder, []), TorchLinear())
+    x = torch.randn(4, 64).bfloat16()
+    assert torch.equal(kernel(module, x), module(x))  # a bias: not packed
+
+
+def test_one_row_and_many_rows_go_to_the_small_kernel() -> None:
+    module = nn.Linear(64, 32, bias=False).bfloat16()
+    kernel = cpu_linear.CpuKernelLinear(cpu_linear.packed_weights(nn.Sequential(module), []), TorchLinear())
+    for rows in (1, cpu_linear.MAX_ROWS + 1):
+        assert kernel._weight((module,), torch.zeros(rows, 64, dtype=torch.bfloat16)) is None
+    assert kernel._weight((module,), torch.zeros(2, 64, dtype=torch.bfloat16)) is not None
+
+
+def test_engine_decodes_through_it_and_prefills_through_its_own_kernel() -> None:
+    model = random_model(TINY_LLAMA_D64, seed=4).to(torch.bfloat16)
+    prompts = mixed_prompts(6, TINY_LLAMA_D64.vocab_size, long_lengths=[300], seed=6)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    engine = tiny_engine(model, dtype="bfloat16", decode_backend="cpu")
+    assert engine.runner.decode_model.linear.name == "cpu"
+    assert engine.runner.model.linear.name != "cpu"
+    kernel_tokens = [o.output_token_ids for o in engine.generate(prompts, greedy)]
+    explicit = tiny_engine(model, dtype="bfloat16", decode_backend="cpu", linear_kernel="onednn_packed")
+    assert explicit.runner.decode_model is explicit.runner.model
+    own_tokens = [o.output_token_ids for o in explicit.generate(prompts, greedy)]
+    agree = sum(
+        a == b for x, y in zip(kernel_tokens, own_tokens, strict=True) for a, b in zip(x, y, strict=True)
+    )
+    assert agree >= 0.9 * sum(len(x) for x in own_tokens)  # a one-step rounding may flip a near-tie
