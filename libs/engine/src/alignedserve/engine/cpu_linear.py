@@ -1,11 +1,12 @@
 """bfloat16 linear layers through a C kernel (`cpu_linear.c`) for decode on CPUs with AVX-512 BF16.
 
 At decode's few rows oneDNN's bfloat16 GEMM on such a CPU (without AMX) neither streams the weights at
-memory speed nor reaches the core's vdpbf16ps rate: over SmolLM2's projections, one thread, it took 25.9
-ms at 1 row and 30.0 at 8 against the kernel's 15.8 and 17.8 (docs/benchmarks.md, "Linear layers for CPUs
-with AVX-512 BF16"). The kernel streams each packed weight once per call with every row's accumulators in
-registers. Each weight (q/k/v and gate/up concatenated, as `PackedCpuLinear` does) is packed once per
-loaded model into the layout the instruction reads.
+memory speed nor reaches the core's vdpbf16ps rate: over SmolLM2's projections, one thread, it took 24.7
+ms at 1 row, 23.4 at 8 and 28.4 at 13 against the kernel's 14.3, 13.4 and 19.3 (docs/benchmarks.md,
+"Decode on the AVX-512 BF16 host"). The kernel streams each packed weight once per call with every
+row's accumulators in registers, and prefetches the next columns into L2. Each weight (q/k/v and gate/up
+concatenated, as `PackedCpuLinear` does) is packed once per loaded model into the layout the
+instruction reads.
 
 The engine uses it for decode forwards where the "cpu" decode backend runs (`engine._decode_model`), for
 MIN_ROWS .. MAX_ROWS rows; other calls go to `small` (the model's own kernel). One row stays there for the
@@ -28,10 +29,10 @@ from alignedserve.engine.linear import FusedGroup, LinearKernel
 
 __all__ = ["CpuKernelLinear", "KernelUnavailable", "kernel_available"]
 
-# Rows the kernel takes: one row stays on `small` (the accuracy contract's batch-1 parity); from ~32 rows
-# oneDNN is as fast (decode steps of 2 / 4 / 13 / 20 / 24 / 32 / 48 rows: 1.60 / 1.22 / 1.19 / 1.10 / 1.05
-# / 0.99 / 1.01x; docs/benchmarks.md).
-MIN_ROWS, MAX_ROWS = 2, 24
+# Rows the kernel takes: one row stays on `small` (the accuracy contract's batch-1 parity); at 128 rows and
+# more oneDNN is as fast or faster (a decode step of 2 / 13 / 32 / 64 rows: 1.66 / 1.39 / 1.15 / 1.05x;
+# docs/benchmarks.md).
+MIN_ROWS, MAX_ROWS = 2, 64
 COLUMN_BLOCK = 16  # output columns per packed block (cpu_linear.c)
 
 
