@@ -11,13 +11,14 @@ import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from alignedserve.core.blocks import BlockAllocator, blocks_for
 from alignedserve.core.sampling import SamplingParams
 from alignedserve.core.stopping import StopChecker
-from alignedserve.engine import cpu_attention, cpu_linear
+from alignedserve.engine import cpu_attention, cpu_linear, cpu_ops
 from alignedserve.engine.attention import (
     BucketedGrouping,
     DecodeGrouping,
@@ -26,12 +27,20 @@ from alignedserve.engine.attention import (
 )
 from alignedserve.engine.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
 from alignedserve.engine.cpu_linear import CpuKernelLinear, packed_weights
+from alignedserve.engine.cpu_ops import CpuLayerOps
 from alignedserve.engine.decode_backend import FixedGrouping, GroupingSelector
 from alignedserve.engine.decode_kv import DecodeKv, GatheredKv, StagedKv
 from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
 from alignedserve.engine.kv_export import KvExport, export_kv, import_kv
 from alignedserve.engine.loader import LoadedModel, load
-from alignedserve.engine.model import PagedModel, kv_layout, linear_groups, paged_model, with_linear
+from alignedserve.engine.model import (
+    PagedModel,
+    kv_layout,
+    linear_groups,
+    paged_model,
+    with_layer_ops,
+    with_linear,
+)
 from alignedserve.engine.penalties import TokenHistory, adjusted_logits
 from alignedserve.engine.placement import place_process
 from alignedserve.engine.request import (
@@ -426,15 +435,19 @@ def _selector(config: EngineConfig) -> GroupingSelector:
     return ShapeSelector()
 
 
-def _decode_model(model: PagedModel, hf_model: object, decode_backend: str, linear: str) -> PagedModel:
-    """Where the C decode kernels run and the linear kernel is "auto", decode forwards multiply by the C
-    GEMM (`cpu_linear`: the same host class and library build) from two rows; prefill keeps `model`'s
-    kernel, whose batch-1 results are transformers' bit for bit (the accuracy contract)."""
-    if decode_backend != "cpu" or linear != "auto" or not cpu_linear.kernel_available():
+def _decode_model(model: PagedModel, hf_model: Any, decode_backend: str, linear: str) -> PagedModel:
+    """Where the C decode kernels run and the linear kernel is "auto", decode forwards of two rows or more
+    multiply by the C GEMM (`cpu_linear`) and run their element-wise steps in C (`cpu_ops`): the same host
+    class and library build. Prefill and one-row decode keep `model`'s, transformers' bit for bit (the
+    accuracy contract)."""
+    if decode_backend != "cpu" or linear != "auto":
         return model
-    return with_linear(
-        model, CpuKernelLinear(packed_weights(hf_model, linear_groups(hf_model)), model.linear)
-    )
+    if not (cpu_linear.kernel_available() and cpu_ops.kernel_available()):
+        return model
+    packed = packed_weights(hf_model, linear_groups(hf_model))
+    fast = with_linear(model, CpuKernelLinear(packed, model.linear))
+    silu = getattr(hf_model.config, "hidden_act", None) in ("silu", "swish")
+    return with_layer_ops(fast, CpuLayerOps(silu))
 
 
 def _decode_kv(config: EngineConfig, layout: KvLayout) -> DecodeKv:

@@ -49,6 +49,45 @@ def kv_layout(model: PagedModel, block_size: int, dtype: torch.dtype) -> KvLayou
     return KvLayout(layers, kv_heads, head_dim, block_size, dtype)
 
 
+class LayerOps(Protocol):
+    """The element-wise steps of a Llama-family layer, one strategy per model (`with_layer_ops`)."""
+
+    name: str
+
+    def add_rms_norm(
+        self, module: Any, h: torch.Tensor, delta: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [T, hidden] plus delta (if any) -> (that sum, its RMSNorm by `module`); h may be updated in place."""
+        ...
+
+    def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [T, vectors, d]; cos, sin: [T, 1, d] (sin signed) -> x at its positions, [T, vectors, d]."""
+        ...
+
+    def silu_mul(self, act_fn: Any, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """act_fn(gate) * up: [T, intermediate]."""
+        ...
+
+
+class TorchLayerOps:
+    """transformers' formulations, bit for bit (the accuracy contract's)."""
+
+    name = "torch"
+
+    def add_rms_norm(
+        self, module: Any, h: torch.Tensor, delta: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h = h if delta is None else h + delta
+        return h, rms_norm(module, h)
+
+    def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return rotary(x, cos, sin)
+
+    def silu_mul(self, act_fn: Any, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = act_fn(gate) * up
+        return out
+
+
 class LlamaFamilyModel:
     """Llama, Mistral, Qwen2, SmolLM: RMSNorm, rotary positions, GQA, gated MLP."""
 
@@ -57,6 +96,7 @@ class LlamaFamilyModel:
         self.model: Any = hf_model.model
         self.lm_head: Any = hf_model.lm_head
         self.linear: LinearKernel = linear or TorchLinear()
+        self.ops: LayerOps = TorchLayerOps()
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
@@ -73,18 +113,19 @@ class LlamaFamilyModel:
         h = self.model.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.model.rotary_emb(h, positions.unsqueeze(0))  # [1, T, d] each
         cos, sin = cos[0].unsqueeze(1), signed_sin(sin[0].unsqueeze(1))  # [T, 1, d]: broadcast over heads
+        ops, delta = self.ops, None  # delta: the last MLP's output, added to h with the next norm
         for index, layer in enumerate(self.model.layers):
-            x = rms_norm(layer.input_layernorm, h)
+            h, x = ops.add_rms_norm(layer.input_layernorm, h, delta)
             attn = layer.self_attn
             qkv = linear.fused((attn.q_proj, attn.k_proj, attn.v_proj), x)  # [T, (heads + 2 kvh) * d]
             q, k, v = self._rotated(qkv, cos, sin)
             o = attention(index, q, k, v, self.scale)  # [T, heads, d]
-            h = h + linear(attn.o_proj, o.reshape(tokens, self.heads * self.head_dim))
-            x = rms_norm(layer.post_attention_layernorm, h)
+            o = linear(attn.o_proj, o.reshape(tokens, self.heads * self.head_dim))
+            h, x = ops.add_rms_norm(layer.post_attention_layernorm, h, o)
             mlp = layer.mlp  # gated: down(act(gate(x)) * up(x)), as transformers' LlamaMLP
             gate, up = linear.many((mlp.gate_proj, mlp.up_proj), x)
-            h = h + linear(mlp.down_proj, mlp.act_fn(gate) * up)
-        return rms_norm(self.model.norm, h)
+            delta = linear(mlp.down_proj, ops.silu_mul(mlp.act_fn, gate, up))
+        return ops.add_rms_norm(self.model.norm, h, delta)[1]
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -97,7 +138,7 @@ class LlamaFamilyModel:
         q and k are rotated as one [T, heads + kvh, d] tensor: half the element-wise calls (the values are
         the same per element)."""
         tokens, rotated = qkv.shape[0], self.heads + self.kv_heads
-        qk = rotary(qkv[:, : rotated * self.head_dim].view(tokens, rotated, self.head_dim), cos, sin)
+        qk = self.ops.rotary(qkv[:, : rotated * self.head_dim].view(tokens, rotated, self.head_dim), cos, sin)
         v = qkv[:, rotated * self.head_dim :].view(tokens, self.kv_heads, self.head_dim)
         return qk[:, : self.heads], qk[:, self.heads :], v
 
@@ -235,4 +276,14 @@ def with_linear(model: PagedModel, linear: LinearKernel) -> PagedModel:
     """The same forward over the same weights, its projections through `linear`."""
     other = copy.copy(model)
     other.linear = linear
+    return other
+
+
+def with_layer_ops(model: PagedModel, ops: LayerOps) -> PagedModel:
+    """The same forward, its element-wise steps through `ops` (models of the Llama family; others as
+    they are)."""
+    if not isinstance(model, LlamaFamilyModel):
+        return model
+    other = copy.copy(model)
+    other.ops = ops
     return other
