@@ -39,3 +39,12 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    """torch's intra-op threads at two for the test (the C kernels split their work across them)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)

@@ -26,6 +26,10 @@ TINY_LLAMA = LlamaConfig(
     eos_token_id=2,
     bos_token_id=1,
 )
+# the tiny Llama at head_dim 64, a shape the C kernels take (its own is 16)
+TINY_LLAMA_D64 = LlamaConfig(
+    **{**TINY_LLAMA.to_dict(), "hidden_size": 256, "intermediate_size": 256, "head_dim": 64}
+)
 TINY_OPT = OPTConfig(
     vocab_size=512,
     hidden_size=64,

@@ -8,12 +8,9 @@ without AVX-512 BF16 or a C compiler cannot run them at all."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
-from engine_models import TINY_LLAMA, mixed_prompts, random_model, tiny_engine
-from transformers import LlamaConfig
+from engine_models import TINY_LLAMA_D64, mixed_prompts, random_model, tiny_engine
 
 from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine import cpu_attention
@@ -24,14 +21,6 @@ pytestmark = pytest.mark.skipif(
     not cpu_attention.kernel_available(), reason="needs a CPU with AVX-512 BF16 and a C compiler"
 )
 CPU = torch.device("cpu")
-
-
-@pytest.fixture
-def two_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 def _paged_case(
@@ -143,12 +132,6 @@ def test_one_row_takes_the_torch_path_and_more_take_the_kernel() -> None:
     backend = cpu_attention.CpuKernelDecode.build(ShapeSelector(), 16, CPU)
     assert backend.begin([0], [40], [[3, 4, 5]]).strategy != "cpu"
     assert backend.begin([0, 1], [40, 2], [[3, 4, 5], [6]]).strategy == "cpu"
-
-
-# the shared tiny Llama at head_dim 64, a shape the kernels take (its own is 16)
-TINY_LLAMA_D64 = LlamaConfig(
-    **{**TINY_LLAMA.to_dict(), "hidden_size": 256, "intermediate_size": 256, "head_dim": 64}
-)
 
 
 def test_engine_runs_both_kernels_to_the_reference_backends_tokens() -> None:

@@ -6,13 +6,10 @@ kernel is "auto"; one-row calls, prefill and an explicit linear kernel keep the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
-from engine_models import TINY_LLAMA, mixed_prompts, random_model, tiny_engine
+from engine_models import TINY_LLAMA_D64, mixed_prompts, random_model, tiny_engine
 from torch import nn
-from transformers import LlamaConfig
 
 from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine import cpu_linear
@@ -21,17 +18,6 @@ from alignedserve.engine.linear import TorchLinear
 pytestmark = pytest.mark.skipif(
     not cpu_linear.kernel_available(), reason="needs a CPU with AVX-512 BF16 and a C compiler"
 )
-TINY_LLAMA_D64 = LlamaConfig(
-    **{**TINY_LLAMA.to_dict(), "hidden_size": 256, "intermediate_size": 256, "head_dim": 64}
-)
-
-
-@pytest.fixture
-def two_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 def _within_one_step(got: torch.Tensor, want: torch.Tensor) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from engine_models import TINY_LLAMA, random_model
+from engine_models import TINY_LLAMA_D64, random_model, tiny_engine
 
 from alignedserve.engine import cpu_ops
 from alignedserve.engine.model import TorchLayerOps, signed_sin
@@ -79,14 +79,7 @@ def test_one_row_and_other_activations_take_torch() -> None:
 
 
 def test_engine_decode_forwards_run_them() -> None:
-    from engine_models import tiny_engine
-    from transformers import LlamaConfig
-
-    config = LlamaConfig(
-        **{**TINY_LLAMA.to_dict(), "hidden_size": 256, "intermediate_size": 256, "head_dim": 64}
-    )
-    engine = tiny_engine(
-        random_model(config, seed=1).to(torch.bfloat16), dtype="bfloat16", decode_backend="cpu"
-    )
+    model = random_model(TINY_LLAMA_D64, seed=1).to(torch.bfloat16)
+    engine = tiny_engine(model, dtype="bfloat16", decode_backend="cpu")
     assert engine.runner.decode_model.ops.name == "cpu"  # type: ignore[attr-defined]
     assert engine.runner.model.ops.name == "torch"  # type: ignore[attr-defined]

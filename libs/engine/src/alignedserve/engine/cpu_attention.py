@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, compiled, run_split
+from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, available, bound, run_split
 from alignedserve.engine.decode_backend import (
     DecodeBackend,
     DecodeStep,
@@ -38,24 +38,15 @@ MIN_ROWS = 2  # one row: the "torch" path (the accuracy contract's batch-1 parit
 
 
 def kernel_available() -> bool:
-    try:
-        library()
-    except KernelUnavailable:
-        return False
-    return True
+    return available(library)
 
 
 @functools.cache
 def library() -> ctypes.CDLL:
     """The compiled kernels, built on first use; KernelUnavailable says why not."""
-    library = compiled("cpu_attention.c")
-    decode = library.paged_decode_bf16
-    decode.restype = ctypes.c_int
-    decode.argtypes = [PTR] * 6 + [I64] * 6 + [ctypes.c_float, I64, I64]
-    prefill = library.paged_prefill_bf16
-    prefill.restype = ctypes.c_int
-    prefill.argtypes = [PTR] * 5 + [I64] * 6 + [ctypes.c_float, I64, I64]
-    return library
+    decode = [PTR] * 6 + [I64] * 6 + [ctypes.c_float, I64, I64]
+    prefill = [PTR] * 5 + [I64] * 6 + [ctypes.c_float, I64, I64]
+    return bound("cpu_attention.c", {"paged_decode_bf16": decode, "paged_prefill_bf16": prefill})
 
 
 def paged_decode(

@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,6 +38,26 @@ I64, PTR = ctypes.c_int64, ctypes.c_void_p
 
 class KernelUnavailable(RuntimeError):
     pass
+
+
+def available(library: Callable[[], object]) -> bool:
+    """Whether `library()` (a module's cached loader) builds and loads here."""
+    try:
+        library()
+    except KernelUnavailable:
+        return False
+    return True
+
+
+def bound(source_name: str, signatures: dict[str, list[Any]]) -> ctypes.CDLL:
+    """The library of `source_name` with its functions' ctypes argument types set; every function
+    returns an int status (0: done)."""
+    library = compiled(source_name)
+    for name, argtypes in signatures.items():
+        function = getattr(library, name)
+        function.restype = ctypes.c_int
+        function.argtypes = argtypes
+    return library
 
 
 @functools.cache

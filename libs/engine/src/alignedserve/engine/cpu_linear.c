@@ -12,8 +12,9 @@
 #define MAX_TILE_ROWS 12  // 12 rows x 2 blocks = 24 of the 32 vector registers as accumulators
 #define NARROW_ROWS 6     // up to 6 rows, 4 blocks per tile (more columns in flight for few rows)
 
-// w: [n, k] row-major -> packed: [n / 16][k / 2][16][2]. n % 16 == 0 and k % 2 == 0 (the caller checks).
-void pack_weight_bf16(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k) {
+// w: [n, k] row-major -> packed: [n / 16][k / 2][16][2]. Returns 0, or -1 unless n % 16 == 0 and k % 2 == 0.
+int pack_weight_bf16(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k) {
+    if (n % COLUMN_BLOCK || k % 2) return -1;
     for (int64_t nb = 0; nb < n / COLUMN_BLOCK; nb++)
         for (int64_t kk = 0; kk < k / 2; kk++)
             for (int64_t j = 0; j < COLUMN_BLOCK; j++) {
@@ -22,6 +23,7 @@ void pack_weight_bf16(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k)
                 dst[0] = src[0];
                 dst[1] = src[1];
             }
+    return 0;
 }
 
 // Always inlined into the specializations below, so that `rows` and `blocks` are constants and the

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, compiled, run_split
+from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, available, bound, run_split
 from alignedserve.engine.linear import FusedGroup, LinearKernel
 
 __all__ = ["CpuKernelLinear", "KernelUnavailable", "kernel_available"]
@@ -37,21 +37,18 @@ COLUMN_BLOCK = 16  # output columns per packed block (cpu_linear.c)
 
 
 def kernel_available() -> bool:
-    try:
-        library()
-    except KernelUnavailable:
-        return False
-    return True
+    return available(library)
 
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    library = compiled("cpu_linear.c")
-    library.pack_weight_bf16.restype = None
-    library.pack_weight_bf16.argtypes = [PTR, PTR, I64, I64]
-    library.linear_bf16.restype = ctypes.c_int
-    library.linear_bf16.argtypes = [PTR, I64, PTR, PTR, I64, I64, I64, I64, I64]
-    return library
+    return bound(
+        "cpu_linear.c",
+        {
+            "pack_weight_bf16": [PTR, PTR, I64, I64],
+            "linear_bf16": [PTR, I64, PTR, PTR, I64, I64, I64, I64, I64],
+        },
+    )
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -63,7 +60,8 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     """[out, in] bfloat16 -> the same elements in the kernel's layout ([out / 16][in / 2][16][2])."""
     weight = weight.detach().contiguous()
     packed = torch.empty_like(weight)
-    library().pack_weight_bf16(weight.data_ptr(), packed.data_ptr(), *weight.shape)
+    if library().pack_weight_bf16(weight.data_ptr(), packed.data_ptr(), *weight.shape) != 0:
+        raise ValueError(f"the cpu linear kernel cannot pack a weight of {tuple(weight.shape)}")
     return packed
 
 

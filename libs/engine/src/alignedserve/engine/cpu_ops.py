@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, compiled
+from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, available, bound
 from alignedserve.engine.model import TorchLayerOps
 
 __all__ = ["CpuLayerOps", "KernelUnavailable", "kernel_available"]
@@ -25,26 +25,19 @@ MIN_ROWS = 2  # one row: torch's calls (the accuracy contract's batch-1 parity)
 
 
 def kernel_available() -> bool:
-    try:
-        library()
-    except KernelUnavailable:
-        return False
-    return True
+    return available(library)
 
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    library = compiled("cpu_ops.c")
-    norm = library.add_rms_norm_bf16
-    norm.restype = ctypes.c_int
-    norm.argtypes = [PTR, I64, PTR, I64, PTR, PTR, I64, I64, I64, ctypes.c_float]
-    rotary = library.rotary_bf16
-    rotary.restype = ctypes.c_int
-    rotary.argtypes = [PTR, I64, PTR, PTR, PTR, I64, I64, I64]
-    silu = library.silu_mul_bf16
-    silu.restype = ctypes.c_int
-    silu.argtypes = [PTR, I64, PTR, I64, PTR, I64, I64]
-    return library
+    return bound(
+        "cpu_ops.c",
+        {
+            "add_rms_norm_bf16": [PTR, I64, PTR, I64, PTR, PTR, I64, I64, I64, ctypes.c_float],
+            "rotary_bf16": [PTR, I64, PTR, PTR, PTR, I64, I64, I64],
+            "silu_mul_bf16": [PTR, I64, PTR, I64, PTR, I64, I64],
+        },
+    )
 
 
 def _check(status: int, what: str) -> None:
