@@ -29,6 +29,9 @@ from typing import Any
 
 from alignedserve.core.cpu_layout import LAYOUTS, Placement, Role
 
+# one prefill and one decode engine: the layouts that place only those (a spill engine is the stack's)
+PAIR_LAYOUTS = {name: layout for name, layout in LAYOUTS.items() if layout.spill_workers == 0}
+
 # policy name -> environment it runs under; "spin" is libgomp's default (threads spin before sleeping)
 POLICIES: dict[str, dict[str, str]] = {
     "spin": {},
@@ -48,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", type=int, default=256, help="tokens in each decode row's KV")
     p.add_argument("--prompt", type=int, default=512, help="tokens per prefill pass of the other engine")
     p.add_argument("--steps", type=int, default=25, help="timed decode steps per phase")
-    p.add_argument("--layouts", default="shared", help=f"from {','.join(LAYOUTS)}")
+    p.add_argument("--layouts", default="shared", help=f"from {','.join(PAIR_LAYOUTS)}")
     p.add_argument("--policies", default="passive", help=f"from {','.join(POLICIES)}")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--one", help=argparse.SUPPRESS)  # a child run: "layout/policy"
@@ -60,9 +63,9 @@ def main(argv: list[str]) -> int:
     if args.one is not None:
         print(json.dumps(measure(args, args.one.split("/")[0])))
         return 0
-    layouts, policies = _names(args.layouts, LAYOUTS), _names(args.policies, POLICIES)
+    layouts, policies = _names(args.layouts, PAIR_LAYOUTS), _names(args.policies, POLICIES)
     if layouts is None or policies is None:
-        print(f"bench shared-cpu: error: --layouts takes {','.join(LAYOUTS)}; "
+        print(f"bench shared-cpu: error: --layouts takes {','.join(PAIR_LAYOUTS)}; "
               f"--policies takes {','.join(POLICIES)}", file=sys.stderr)  # fmt: skip
         return 2
     runs = [
@@ -98,7 +101,7 @@ def place(placement: Placement) -> None:
 
 
 def _placement(layout: str, role: Role, cpus: tuple[int, ...]) -> Placement:
-    return LAYOUTS[layout].place(role, cpus)
+    return PAIR_LAYOUTS[layout].place(role, cpus)
 
 
 def _whole_machine(cpus: tuple[int, ...]) -> Placement:

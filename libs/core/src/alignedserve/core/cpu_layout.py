@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-Role = Literal["prefill", "decode"]
+# "spill": a prefill engine the layout adds on the decode cores, beside the decode engine
+Role = Literal["prefill", "decode", "spill"]
 
 # A niced prefill engine runs on what decode leaves: on Linux each nice step is ~1.25x less CPU share,
 # so at 10 a runnable decode thread gets ~9x the time of a runnable prefill thread on the same core.
@@ -59,6 +60,11 @@ class CpuLayout(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def spill_workers(self) -> int:
+        """Prefill engines it adds on the decode cores (role "spill"), beside the `--prefill` ones."""
+        ...
+
     def place(self, role: Role, cpus: Sequence[int]) -> Placement: ...
 
 
@@ -67,6 +73,7 @@ class Shared:
     """Every engine on every core with a thread per core; the OS shares the cores between them."""
 
     name: str = "shared"
+    spill_workers: int = 0
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Placement(len(cpus), tuple(cpus))
@@ -77,9 +84,10 @@ class PrefillYields:
     """As `shared`, with prefill at a lower priority: a decode step waits for no prefill pass."""
 
     name: str = "prefill-yields"
+    spill_workers: int = 0
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
-        return Placement(len(cpus), tuple(cpus), PREFILL_NICE if role == "prefill" else 0)
+        return Placement(len(cpus), tuple(cpus), 0 if role == "decode" else PREFILL_NICE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +95,7 @@ class Split:
     """Each role on its own cores: decode takes the larger half, prefill the rest (one core: shared)."""
 
     name: str = "split"
+    spill_workers: int = 0
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         if len(cpus) < 2:
@@ -96,7 +105,22 @@ class Split:
         return Placement(len(own), own)
 
 
-LAYOUTS: dict[str, CpuLayout] = {layout.name: layout for layout in (Shared(), PrefillYields(), Split())}
+@dataclass(frozen=True, slots=True)
+class SplitSpill:
+    """As `split`, plus one more prefill engine on the decode cores at the same priority: where decode's
+    steps leave those cores idle, prompts are prefilled there too, with no OpenMP barrier across the two
+    halves (each engine's threads stay on one side)."""
+
+    name: str = "split-spill"
+    spill_workers: int = 1
+
+    def place(self, role: Role, cpus: Sequence[int]) -> Placement:
+        return Split().place("decode" if role == "spill" else role, cpus)
+
+
+LAYOUTS: dict[str, CpuLayout] = {
+    layout.name: layout for layout in (Shared(), PrefillYields(), Split(), SplitSpill())
+}
 # The layout that served the most output tokens per second on the stack, interleaved against the others
 # (docs/benchmarks.md, "Engines sharing one machine's CPU"), by the dtype the CPU engines run (`--dtype
 # auto` picks it by host). bfloat16 (AMX host): split, 1.40x / 1.28x prefill-yields; the decode step is

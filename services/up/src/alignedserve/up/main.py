@@ -68,6 +68,8 @@ def service_commands(cfg: UpSettings, bus_url: str) -> list[tuple[str, int, list
     add("batcher-0", "batcher", ["--policy", cfg.policy, "--prefetch", cfg.prefetch])
     for i in range(cfg.prefill):
         add(f"prefill-{i}", "prefill", engine + placed["prefill"])
+    for i in range(cfg.prefill, cfg.prefill + spill_workers(cfg)):
+        add(f"prefill-{i}", "prefill", engine + placed["spill"])
     for i in range(cfg.decode):
         add(f"decode-{i}", "decode", engine + placed["decode"])
     out.append(("gateway", cfg.port, ["gateway", "--host", cfg.host, "--port", str(cfg.port), *common]))
@@ -76,11 +78,19 @@ def service_commands(cfg: UpSettings, bus_url: str) -> list[tuple[str, int, list
 
 def cpu_placements(cfg: UpSettings) -> dict[Role, list[str]]:
     """Each engine role's placement flags on this machine's CPUs (none for GPU engines)."""
+    roles: tuple[Role, ...] = ("prefill", "decode", "spill")
     if cfg.device != "cpu":
-        return {"prefill": [], "decode": []}
+        return {role: [] for role in roles}
     layout = layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device))
     cpus = sorted(os.sched_getaffinity(0))
-    return {role: layout.place(role, cpus).engine_args() for role in ("prefill", "decode")}
+    return {role: layout.place(role, cpus).engine_args() for role in roles}
+
+
+def spill_workers(cfg: UpSettings) -> int:
+    """Prefill engines the CPU layout adds on the decode cores (none on GPUs)."""
+    if cfg.device != "cpu":
+        return 0
+    return layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device)).spill_workers
 
 
 def ensure_broker(bus: str | None) -> tuple[embedded.EmbeddedBroker | None, str]:
