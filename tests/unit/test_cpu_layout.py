@@ -76,3 +76,14 @@ def test_cpu_lists_read_as_taskset_writes_them(text: str, cpus: tuple[int, ...])
 def test_a_bad_cpu_list_says_how_to_write_one(text: str) -> None:
     with pytest.raises(ValueError, match="as taskset -c takes them"):
         parse_cpus(text)
+
+
+@given(cpu_sets)
+def test_split_spill_is_split_with_a_spill_prefill_engine_on_the_decode_cores(cpus: list[int]) -> None:
+    spill, split = layout_named("split-spill", "bfloat16"), layout_named("split", "bfloat16")
+    assert spill.spill_workers == 1 and all(
+        layout.spill_workers == 0 for layout in (split, LAYOUTS["shared"])
+    )
+    for role in ("prefill", "decode"):
+        assert spill.place(role, cpus) == split.place(role, cpus)
+    assert spill.place("spill", cpus).cpus == split.place("decode", cpus).cpus

@@ -8,6 +8,7 @@ import os
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,10 @@ def test_stack_launch_commands_per_mode(tmp_path: Path) -> None:
         argv[argv.index("--bus") + 1] == "kafka://127.0.0.1:9092"
         and server.ready_line == "AlignedServe ready:"
     )
-    assert launch.metrics_urls() == [f"http://127.0.0.1:{p}/metrics" for p in range(9200, 9205)]
+    mode = MODES["aligned-noprefetch"]
+    assert launch.metrics_urls(mode) == [f"http://127.0.0.1:{p}/metrics" for p in range(9200, 9205)]
+    spill = replace(mode, cpu_layout="split-spill")  # one more prefill worker, after the decode workers
+    assert launch.metrics_urls(spill) == [f"http://127.0.0.1:{p}/metrics" for p in range(9200, 9206)]
 
 
 def test_workloads_through_a_real_openai_wire_server(conformance_server: str) -> None:

@@ -56,6 +56,18 @@ def test_cpu_engines_get_their_layouts_placement_and_the_rest_none(monkeypatch: 
     assert "--cpus" not in gpu["decode-0"] and "--num-threads" not in gpu["prefill-0"]
 
 
+def test_split_spill_starts_a_second_prefill_worker_on_the_decode_cores_after_decode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
+    cfg = up.parse_args(["--cpu-layout", "split-spill", "--log-dir", "/tmp/unused"])
+    started = commands(cfg)
+    assert started["prefill-0"][-6:-2] == ["--num-threads", "1", "--cpus", "0"]
+    assert started["prefill-1"][-6:-2] == started["decode-0"][-6:-2] == ["--num-threads", "1", "--cpus", "1"]
+    order = [name for name, _, _ in up.service_commands(cfg, "redis://127.0.0.1:6379/0")]
+    assert order.index("prefill-1") > order.index("decode-0")  # decode keeps its metrics port
+
+
 def test_up_offers_exactly_the_layouts_there_are() -> None:
     choices = get_args(UpSettings.model_fields["cpu_layout"].annotation)
     assert set(choices) == {"auto", *LAYOUTS}

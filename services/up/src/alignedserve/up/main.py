@@ -68,10 +68,10 @@ def service_commands(cfg: UpSettings, bus_url: str) -> list[tuple[str, int, list
     add("batcher-0", "batcher", ["--policy", cfg.policy, "--prefetch", cfg.prefetch])
     for i in range(cfg.prefill):
         add(f"prefill-{i}", "prefill", engine + placed["prefill"])
-    for i in range(cfg.prefill, cfg.prefill + spill_workers(cfg)):
-        add(f"prefill-{i}", "prefill", engine + placed["spill"])
     for i in range(cfg.decode):
         add(f"decode-{i}", "decode", engine + placed["decode"])
+    for i in range(cfg.prefill, cfg.prefill + spill_workers(cfg)):  # after decode: its ports stay put
+        add(f"prefill-{i}", "prefill", engine + placed["spill"])
     out.append(("gateway", cfg.port, ["gateway", "--host", cfg.host, "--port", str(cfg.port), *common]))
     return out
 

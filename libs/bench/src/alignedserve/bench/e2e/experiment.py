@@ -40,7 +40,8 @@ from alignedserve.bench.e2e.runs import (
     select_workloads,
 )
 from alignedserve.bench.e2e.servers import ServerProcess, ServerStartError, free_port
-from alignedserve.core.cpu_layout import check_layout
+from alignedserve.core.cpu_layout import check_layout, layout_named
+from alignedserve.engine.config import resolve_dtype
 from alignedserve.loadgen.records import RequestRecord
 from alignedserve.loadgen.scrape import busy_shares, counter_delta, decode_stats, prefill_stats, scrape
 
@@ -105,9 +106,11 @@ class StackLaunch:
             ready_timeout_s=self.ready_timeout_s,
         )
 
-    def metrics_urls(self) -> list[str]:
-        """kvpool, batcher, the prefill and the decode workers, in `alignedserve up`'s port order."""
-        count = 2 + self.prefill + self.decode
+    def metrics_urls(self, mode: StackMode) -> list[str]:
+        """kvpool, batcher, the prefill and the decode workers, then the prefill workers the mode's CPU
+        layout adds: `alignedserve up`'s port order."""
+        spill = layout_named(mode.cpu_layout, resolve_dtype(self.dtype, "cpu")).spill_workers
+        count = 2 + self.prefill + self.decode + spill
         return [
             f"http://127.0.0.1:{p}/metrics"
             for p in range(self.metrics_base_port, self.metrics_base_port + count)
@@ -152,9 +155,9 @@ def run_mode(
     runs: RunSet,
 ) -> None:
     for workload in workloads:
-        before = scrape(launch.metrics_urls())
+        before = scrape(launch.metrics_urls(mode))
         result = run_workload(target, workload, scale)
-        delta = counter_delta(before, scrape(launch.metrics_urls()))
+        delta = counter_delta(before, scrape(launch.metrics_urls(mode)))
         stats = {**decode_stats(delta), **prefill_stats(delta)}
         stats.update(busy_shares(stats, result.summary.duration_s))
         runs.rows.append(row_from(mode.name, workload.name, result, stats))
