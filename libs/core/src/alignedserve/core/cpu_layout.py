@@ -109,7 +109,9 @@ class Split:
 class SplitSpill:
     """As `split`, plus one more prefill engine on the decode cores at the same priority: where decode's
     steps leave those cores idle, prompts are prefilled there too, with no OpenMP barrier across the two
-    halves (each engine's threads stay on one side)."""
+    halves (each engine's threads stay on one side). Measured on a 2-core bfloat16 host: mean TTFT
+    0.70-0.74x split's, output tokens/s 0.93x (docs/benchmarks.md, "Peers"); niced, the spill engine
+    starved the prompts it took (half the throughput)."""
 
     name: str = "split-spill"
     spill_workers: int = 1
