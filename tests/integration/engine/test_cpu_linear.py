@@ -6,6 +6,8 @@ kernel is "auto"; one-row calls, prefill and an explicit linear kernel keep the 
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from engine_models import TINY_LLAMA_D64, mixed_prompts, random_model, tiny_engine
@@ -55,17 +57,26 @@ def test_weights_it_cannot_take_stay_with_the_small_kernel() -> None:
     assert not cpu_linear.packable(torch.zeros(32, 64))  # float32
     module = nn.Linear(64, 32, bias=True).bfloat16()
     holder = nn.Sequential(module)
-    kernel = cpu_linear.CpuKernelLinear(cpu_linear.packed_weights(holder, []), TorchLinear())
+    kernel = cpu_linear.CpuKernelLinear(partial(cpu_linear.packed_weights, holder, []), TorchLinear())
     x = torch.randn(4, 64).bfloat16()
     assert torch.equal(kernel(module, x), module(x))  # a bias: not packed
 
 
-def test_one_row_and_many_rows_go_to_the_small_kernel() -> None:
+def test_one_row_and_many_rows_go_to_the_small_kernel_and_packing_waits_for_a_decode_call() -> None:
     module = nn.Linear(64, 32, bias=False).bfloat16()
-    kernel = cpu_linear.CpuKernelLinear(cpu_linear.packed_weights(nn.Sequential(module), []), TorchLinear())
+    packs: list[int] = []
+
+    def weights() -> cpu_linear.PackedWeights:
+        packs.append(1)
+        return cpu_linear.packed_weights(nn.Sequential(module), [])
+
+    kernel = cpu_linear.CpuKernelLinear(weights, TorchLinear())
     for rows in (1, cpu_linear.MAX_ROWS + 1):
         assert kernel._weight((module,), torch.zeros(rows, 64, dtype=torch.bfloat16)) is None
+    assert not packs  # nothing the kernel takes yet: nothing packed
     assert kernel._weight((module,), torch.zeros(2, 64, dtype=torch.bfloat16)) is not None
+    kernel._weight((module,), torch.zeros(3, 64, dtype=torch.bfloat16))
+    assert packs == [1]
 
 
 def test_engine_decodes_through_it_and_prefills_through_its_own_kernel() -> None:

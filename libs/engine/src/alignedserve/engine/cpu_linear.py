@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -108,13 +109,16 @@ def packed_weights(hf_model: Any, groups: list[FusedGroup]) -> PackedWeights:
 
 
 class CpuKernelLinear:
-    """`linear` at MIN_ROWS .. MAX_ROWS rows for every weight it could pack; everything else through `small`."""
+    """`linear` at MIN_ROWS .. MAX_ROWS rows for every weight it could pack; everything else through `small`.
+    `weights` packs them on the first call that needs them: an engine that never decodes (a prefill
+    worker's) never holds the copy."""
 
     name = "cpu"
 
-    def __init__(self, packed: PackedWeights, small: LinearKernel) -> None:
+    def __init__(self, weights: Callable[[], PackedWeights], small: LinearKernel) -> None:
         self.small = small
-        self._packed = packed
+        self._weights = weights
+        self._packed: PackedWeights | None = None
 
     def __call__(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         packed = self._weight((module,), x)
@@ -134,4 +138,6 @@ class CpuKernelLinear:
         """The packed weight for this call, or None where `small` takes it."""
         if not MIN_ROWS <= x.shape[0] <= MAX_ROWS or x.dtype != torch.bfloat16:
             return None
+        if self._packed is None:
+            self._packed = self._weights()
         return self._packed.get(tuple(id(m) for m in unit))

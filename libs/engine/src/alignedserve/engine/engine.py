@@ -7,6 +7,7 @@ another engine) and `free`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import deque
 from collections.abc import Sequence
@@ -444,7 +445,7 @@ def _decode_model(model: PagedModel, hf_model: Any, decode_backend: str, linear:
         return model
     if not (cpu_linear.kernel_available() and cpu_ops.kernel_available()):
         return model
-    packed = packed_weights(hf_model, linear_groups(hf_model))
+    packed = functools.partial(packed_weights, hf_model, linear_groups(hf_model))  # at the first decode
     fast = with_linear(model, CpuKernelLinear(packed, model.linear))
     silu = getattr(hf_model.config, "hidden_act", None) in ("silu", "swish")
     return with_layer_ops(fast, CpuLayerOps(silu))
