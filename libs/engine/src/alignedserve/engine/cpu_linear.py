@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, available, bound, run_split
-from alignedserve.engine.linear import FusedGroup, LinearKernel
+from alignedserve.engine.linear import FusedGroup, LinearKernel, projection_units
 
 __all__ = ["CpuKernelLinear", "KernelUnavailable", "kernel_available"]
 
@@ -97,10 +97,9 @@ def packed_weights(hf_model: Any, groups: list[FusedGroup]) -> PackedWeights:
     packed = _PACKED.get(hf_model)
     if packed is None:
         packed = {}
-        grouped = {id(m) for group in groups for m in group}
-        modules = [m for m in hf_model.modules() if isinstance(m, nn.Linear) and id(m) not in grouped]
+        modules = [m for m in hf_model.modules() if isinstance(m, nn.Linear)]
         with torch.inference_mode():
-            for unit in [(m,) for m in modules] + list(groups):
+            for unit in projection_units(modules, groups):
                 weight = torch.cat([m.weight for m in unit]) if len(unit) > 1 else unit[0].weight
                 if packable(weight) and all(m.bias is None for m in unit):
                     packed[tuple(id(m) for m in unit)] = pack(weight)

@@ -43,6 +43,12 @@ PACKING_HINT_ROWS = 64
 FusedGroup = tuple[nn.Linear, ...]  # projections of one input, in output order
 
 
+def projection_units(modules: list[nn.Linear], groups: list[FusedGroup]) -> list[FusedGroup]:
+    """What a kernel multiplies by: every module outside the groups on its own, then every group as one."""
+    grouped = {id(m) for group in groups for m in group}
+    return [(m,) for m in modules if id(m) not in grouped] + list(groups)
+
+
 class LinearKernel(Protocol):
     name: str
 
@@ -79,13 +85,9 @@ class PackedCpuLinear:
 
     def __init__(self, modules: list[nn.Linear], groups: list[FusedGroup]) -> None:
         self._packed: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor | None]] = {}
-        grouped = {id(m) for group in groups for m in group}
         with torch.inference_mode():
-            for module in modules:
-                if id(module) not in grouped:
-                    self._packed[(id(module),)] = _pack((module,))
-            for group in groups:
-                self._packed[tuple(id(m) for m in group)] = _pack(group)
+            for unit in projection_units(modules, groups):
+                self._packed[tuple(id(m) for m in unit)] = _pack(unit)
 
     def __call__(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         entry = self._packed.get((id(module),))
@@ -182,8 +184,7 @@ def _min_packed_rows(
     packed: PackedCpuLinear, modules: list[nn.Linear], groups: list[FusedGroup], dtype: torch.dtype
 ) -> int:
     """The host's crossover for this model's projections (all of them, as one decode step runs them)."""
-    grouped = {id(m) for group in groups for m in group}
-    units: list[FusedGroup] = [(m,) for m in modules if id(m) not in grouped] + list(groups)
+    units = projection_units(modules, groups)
     shapes = [(sum(m.out_features for m in u), u[0].in_features) for u in units]
     by_shape: dict[tuple[int, int], list[FusedGroup]] = {}
     for shape, unit in zip(shapes, units, strict=True):
