@@ -7,8 +7,6 @@ DecodeStatus to the batcher after every iteration (every `--status-interval-s` w
 
 from __future__ import annotations
 
-import asyncio
-
 from prometheus_client import CollectorRegistry
 
 from alignedserve.bus import topics
@@ -18,6 +16,7 @@ from alignedserve.decode.metrics import DecodeMetrics
 from alignedserve.decode.worker import DecodeWorker
 from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.loader import LoadedModel
+from alignedserve.service.engine_thread import EngineThread
 from alignedserve.service.entry import run_service
 from alignedserve.service.logs import get_logger
 from alignedserve.service.ops_metrics import register_transfer_metrics
@@ -39,11 +38,14 @@ async def serve(settings: DecodeSettings, loaded: LoadedModel | None = None) -> 
     endpoint = TransferEndpoint(policy=policy)
     register_transfer_metrics(registry, lambda: endpoint.client.stats)
     await runtime.start()  # /health answers while the model loads
+    engine_thread = EngineThread()  # builds the engine and runs its steps
     try:
-        engine = await asyncio.to_thread(LLMEngine, settings.engine_config(), loaded)
+        engine = await engine_thread.call(LLMEngine, settings.engine_config(), loaded)
         address = await endpoint.start(settings.advertise_host, settings.transfer_port)
         runtime.ucx_address = address.to_bytes()
-        worker = DecodeWorker(settings, engine, runtime.bus, endpoint, DecodeMetrics(registry), runtime.drain)
+        worker = DecodeWorker(
+            settings, engine, runtime.bus, endpoint, DecodeMetrics(registry), runtime.drain, engine_thread
+        )
         await runtime.subscribe_events(worker.on_event)
         await runtime.subscribe(topics.decode(settings.worker_id), inbox_group(settings.worker_id),
                                 worker.on_decode_topic)  # fmt: skip
@@ -56,6 +58,7 @@ async def serve(settings: DecodeSettings, loaded: LoadedModel | None = None) -> 
     finally:
         await runtime.close()
         await endpoint.close()
+        engine_thread.close()
     return 0
 
 

@@ -44,6 +44,7 @@ from alignedserve.engine.kv_envelope import EnvelopeError, KvEnvelope
 from alignedserve.engine.kv_export import KvExport, KvFormatError
 from alignedserve.engine.request import RequestError, RequestOutput
 from alignedserve.service.drain import Drain
+from alignedserve.service.engine_thread import EngineThread
 from alignedserve.service.logs import get_logger, request_context
 from alignedserve.service.sampling import to_params
 from alignedserve.transfer import TransferEndpoint, TransferError
@@ -66,9 +67,11 @@ class DecodeWorker:
         endpoint: TransferEndpoint,
         metrics: DecodeMetrics,
         drain: Drain,
+        engine_thread: EngineThread | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
+        self.engine_thread = engine_thread or EngineThread()  # the thread the engine was placed on
         self.bus = bus
         self.metrics = metrics
         self.drain = drain
@@ -197,7 +200,7 @@ class DecodeWorker:
             return False, 0.0
         profile = self.core.profile(self.engine.running_requests())  # the set this step decodes
         started = time.perf_counter()
-        outputs = await asyncio.to_thread(self.engine.step)
+        outputs = await self.engine_thread.call(self.engine.step)
         stepped = time.perf_counter()
         self.iteration += 1
         self._observe_iteration(outputs, stepped - started, profile)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from prometheus_client import CollectorRegistry
 
 from alignedserve.bus import topics
@@ -13,6 +11,7 @@ from alignedserve.engine.engine import LLMEngine
 from alignedserve.prefill.config import PrefillSettings
 from alignedserve.prefill.metrics import PrefillMetrics
 from alignedserve.prefill.worker import PrefillWorker
+from alignedserve.service.engine_thread import EngineThread
 from alignedserve.service.entry import run_service
 from alignedserve.service.logs import get_logger
 from alignedserve.service.ops_metrics import register_transfer_metrics
@@ -37,11 +36,14 @@ async def serve(settings: PrefillSettings) -> int:
     sink = StoreSink(staging, served)
     endpoint = TransferEndpoint(served, sink)
     register_transfer_metrics(registry, lambda: endpoint.client.stats)
+    engine_thread = EngineThread()  # builds the engine and runs its forwards
     try:
-        engine = await asyncio.to_thread(LLMEngine, settings.engine_config())
+        engine = await engine_thread.call(LLMEngine, settings.engine_config())
         address = await endpoint.start(settings.advertise_host, settings.transfer_port)
         runtime.ucx_address = address.to_bytes()
-        worker = PrefillWorker(settings, runtime, engine, endpoint, sink, PrefillMetrics(registry, staging))
+        worker = PrefillWorker(
+            settings, runtime, engine, endpoint, sink, PrefillMetrics(registry, staging), engine_thread
+        )
         await runtime.subscribe_events(worker.on_event)
         await runtime.subscribe(
             topics.staging(settings.worker_id), f"stage-{settings.worker_id}", worker.on_stage
@@ -62,6 +64,7 @@ async def serve(settings: PrefillSettings) -> int:
     finally:
         await endpoint.close()
         await runtime.close()
+        engine_thread.close()
     return 0
 
 

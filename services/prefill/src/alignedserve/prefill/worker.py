@@ -40,6 +40,7 @@ from alignedserve.prefill.config import PrefillSettings
 from alignedserve.prefill.core import PrefillCore, Prefilled, Publish, Stage, hand_back
 from alignedserve.prefill.kv_io import PrefillKv
 from alignedserve.prefill.metrics import PrefillMetrics
+from alignedserve.service.engine_thread import EngineThread
 from alignedserve.service.logs import get_logger, request_context
 from alignedserve.service.sampling import to_params
 from alignedserve.service.worker import WorkerRuntime
@@ -60,10 +61,12 @@ class PrefillWorker:
         endpoint: TransferEndpoint,
         staging_sink: StoreSink,
         metrics: PrefillMetrics,
+        engine_thread: EngineThread | None = None,
     ) -> None:
         self.settings = settings
         self.runtime = runtime
         self.engine = engine
+        self.engine_thread = engine_thread or EngineThread()  # the thread the engine was placed on
         self.metrics = metrics
         self.core = PrefillCore(
             runtime.worker_id,
@@ -160,7 +163,7 @@ class PrefillWorker:
             return
         started = time.perf_counter()
         try:
-            finished = await asyncio.to_thread(self._run_engine)
+            finished = await self.engine_thread.call(self._run_engine)
         except Exception as exc:  # an engine failure fails the prompts in it, not the worker
             log.exception("prefill_forward_failed", requests=list(self._prefilling))
             failed, self._prefilling = list(self._prefilling.values()), {}
