@@ -87,3 +87,10 @@ def test_split_spill_is_split_with_a_spill_prefill_engine_on_the_decode_cores(cp
     for role in ("prefill", "decode"):
         assert spill.place(role, cpus) == split.place(role, cpus)
     assert spill.place("spill", cpus).cpus == split.place("decode", cpus).cpus
+
+
+@given(cpu_sets)
+def test_the_other_services_run_beside_decode_and_are_never_niced(cpus: list[int]) -> None:
+    for layout in LAYOUTS.values():
+        service, decode = layout.place("service", cpus), layout.place("decode", cpus)
+        assert service.cpus == decode.cpus and service.nice == 0

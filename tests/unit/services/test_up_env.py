@@ -90,3 +90,21 @@ def test_a_reply_that_is_not_http_is_not_ready() -> None:
         echo.start()
         assert up.is_ready(f"http://127.0.0.1:{port}/ready") is False
         echo.join(timeout=5)
+
+
+def test_the_other_services_are_pinned_to_the_layouts_service_cpus_and_engines_pin_themselves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    split = up.parse_args(["--cpu-layout", "split", "--log-dir", "/tmp/unused"])
+    pinned = {name: up.service_cpus(split, argv) for name, argv in commands(split).items()}
+    assert pinned == {
+        "kvpool-0": (2, 3),
+        "batcher-0": (2, 3),
+        "gateway": (2, 3),
+        "prefill-0": (),
+        "decode-0": (),
+    }
+    shared = up.parse_args(["--cpu-layout", "shared", "--log-dir", "/tmp/unused"])
+    assert up.service_cpus(shared, commands(shared)["gateway"]) == (0, 1, 2, 3)
+    assert up.service_cpus(config("cuda"), commands(config("cuda"))["gateway"]) == ()

@@ -21,6 +21,7 @@ class Proc:
     log_path: Path
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    cpus: tuple[int, ...] = ()
 
 
 def run(code: str) -> subprocess.Popen[bytes]:

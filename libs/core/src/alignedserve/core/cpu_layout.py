@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-# "spill": a prefill engine the layout adds on the decode cores, beside the decode engine
-Role = Literal["prefill", "decode", "spill"]
+# "spill": a prefill engine the layout adds on the decode cores, beside the decode engine;
+# "service": the stack's other processes (gateway, kvpool, batcher): only the CPUs of its placement apply
+Role = Literal["prefill", "decode", "spill", "service"]
 
 # A niced prefill engine runs on what decode leaves: on Linux each nice step is ~1.25x less CPU share,
 # so at 10 a runnable decode thread gets ~9x the time of a runnable prefill thread on the same core.
@@ -87,12 +88,14 @@ class PrefillYields:
     spill_workers: int = 0
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
-        return Placement(len(cpus), tuple(cpus), 0 if role == "decode" else PREFILL_NICE)
+        return Placement(len(cpus), tuple(cpus), PREFILL_NICE if role in ("prefill", "spill") else 0)
 
 
 @dataclass(frozen=True, slots=True)
 class Split:
-    """Each role on its own cores: decode takes the larger half, prefill the rest (one core: shared)."""
+    """Each role on its own cores: decode takes the larger half, prefill the rest (one core: shared). The
+    other services run on the decode cores: there they cost decode steps some time, where on the prefill
+    core they cost every prompt waiting behind a forward its time."""
 
     name: str = "split"
     spill_workers: int = 0

@@ -45,6 +45,7 @@ class Child:
     log_path: Path
     argv: list[str] = field(default_factory=list)  # what `start` ran: a restart runs it again
     env: dict[str, str] = field(default_factory=dict)
+    cpus: tuple[int, ...] = ()  # pinned to (service_cpus); () where it pins itself or is not pinned
 
 
 def parse_args(argv: list[str]) -> UpSettings:
@@ -86,6 +87,15 @@ def cpu_placements(cfg: UpSettings) -> dict[Role, list[str]]:
     return {role: layout.place(role, cpus).engine_args() for role in roles}
 
 
+def service_cpus(cfg: UpSettings, argv: list[str]) -> tuple[int, ...]:
+    """The CPUs a service other than an engine (gateway, kvpool, batcher) is pinned to: the layout's
+    service cores. () for an engine, which pins itself to its placement, and on GPUs."""
+    if argv[0] in ENGINE_SERVICES or cfg.device != "cpu":
+        return ()
+    layout = layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device))
+    return layout.place("service", sorted(os.sched_getaffinity(0))).cpus
+
+
 def spill_workers(cfg: UpSettings) -> int:
     """Prefill engines the CPU layout adds on the decode cores (none on GPUs)."""
     if cfg.device != "cpu":
@@ -117,8 +127,10 @@ def engine_env(cfg: UpSettings, argv: list[str]) -> dict[str, str]:
 
 
 def start(
-    name: str, argv: list[str], log_dir: Path, extra_env: dict[str, str]
+    name: str, argv: list[str], log_dir: Path, extra_env: dict[str, str], cpus: tuple[int, ...] = ()
 ) -> tuple[subprocess.Popen[bytes], Path]:
+    """`cpus`: pinned right after the start, before the new interpreter has started a thread (every
+    later thread inherits it)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **extra_env}
@@ -126,6 +138,8 @@ def start(
         proc = subprocess.Popen(
             [sys.executable, "-m", "alignedserve.core.cli", *argv], stdout=log, stderr=log, env=env
         )
+    if cpus:
+        os.sched_setaffinity(proc.pid, cpus)
     return proc, log_path
 
 
@@ -171,7 +185,7 @@ def stop_all(children: list[Child]) -> None:
 
 def relaunch(child: Supervised) -> subprocess.Popen[bytes]:
     """Start a dead child's command again, appending to its log."""
-    proc, _ = start(child.name, child.argv, child.log_path.parent, child.env)
+    proc, _ = start(child.name, child.argv, child.log_path.parent, child.env, child.cpus)
     return proc
 
 
@@ -204,9 +218,9 @@ def main(argv: list[str]) -> int:
     os.environ.update(cfg.gateway_env())  # every child inherits it; only the gateway reads it
     try:
         for name, port, args in service_commands(cfg, bus_url):
-            env = engine_env(cfg, args)
-            proc, log_path = start(name, args, cfg.log_dir, env)
-            children.append(Child(name, f"http://127.0.0.1:{port}/ready", proc, log_path, args, env))
+            env, cpus = engine_env(cfg, args), service_cpus(cfg, args)
+            proc, log_path = start(name, args, cfg.log_dir, env, cpus)
+            children.append(Child(name, f"http://127.0.0.1:{port}/ready", proc, log_path, args, env, cpus))
         print(f"starting {len(children)} services (logs in {cfg.log_dir}/) ...", flush=True)
         wait_ready(children, READY_TIMEOUT_S)
         print(

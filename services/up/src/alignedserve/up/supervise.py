@@ -32,6 +32,7 @@ class Supervised(Protocol):
     log_path: Path
     argv: list[str]  # its command, run again on a restart
     env: dict[str, str]
+    cpus: tuple[int, ...]  # the CPUs it is pinned to on a restart too
 
 
 RESTART_BACKOFF = Backoff(1.0, max_s=30.0)
