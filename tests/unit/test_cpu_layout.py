@@ -53,7 +53,7 @@ def test_only_prefill_yields_and_only_in_its_layout() -> None:
 def test_auto_is_the_layout_measured_for_the_engines_dtype_and_an_unknown_name_lists_the_choices() -> None:
     assert set(AUTO_BY_DTYPE) == set(DTYPES_BY_DEVICE["cpu"])  # a measured layout for each CPU dtype
     assert layout_named("auto", "bfloat16") is LAYOUTS["split"]
-    assert layout_named("auto", "float32") is LAYOUTS["prefill-yields"]
+    assert layout_named("auto", "float32") is LAYOUTS["shared"]
     assert layout_named("auto", "float16") is LAYOUTS["split"]  # not a CPU dtype: no measurement
     with pytest.raises(ValueError, match="choose auto or one of shared, prefill-yields, split"):
         layout_named("spread", "float32")

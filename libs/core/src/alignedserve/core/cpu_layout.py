@@ -129,10 +129,11 @@ LAYOUTS: dict[str, CpuLayout] = {
 # The layout that served the most output tokens per second on the stack, interleaved against the others
 # (docs/benchmarks.md, "Engines sharing one machine's CPU"), by the dtype the CPU engines run (`--dtype
 # auto` picks it by host). bfloat16 (AMX host): split, 1.40x / 1.28x prefill-yields; the decode step is
-# fast enough to run alone on its core, with no OpenMP barrier to wait at. float32 (AVX2 host): the step
-# is ~2.4x slower and wants both cores: prefill-yields, 1.01x / 1.06x split, P99 TPOT 0.87x / 0.67x.
+# fast enough to run alone on its core, with no OpenMP barrier to wait at. float32: the step is ~2.4x
+# slower and wants both cores; prefill-yields won over split (AVX2 host) while a bug left its prefill
+# computing at nice 0, i.e. shared; niced for real, shared served 1.07x its tokens at 0.76x its TTFT.
 # `alignedserve up --cpu-layout` overrides it.
-AUTO_BY_DTYPE: dict[str, str] = {"bfloat16": "split", "float32": "prefill-yields"}
+AUTO_BY_DTYPE: dict[str, str] = {"bfloat16": "split", "float32": "shared"}
 
 
 def auto_layout(dtype: str) -> str:
