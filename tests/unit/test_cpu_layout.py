@@ -55,7 +55,9 @@ def test_auto_is_the_layout_measured_for_the_engines_dtype_and_an_unknown_name_l
     assert layout_named("auto", "bfloat16") is LAYOUTS["split"]
     assert layout_named("auto", "float32") is LAYOUTS["shared"]
     assert layout_named("auto", "float16") is LAYOUTS["split"]  # not a CPU dtype: no measurement
-    with pytest.raises(ValueError, match="choose auto or one of shared, prefill-yields, split"):
+    with pytest.raises(
+        ValueError, match="choose auto or one of shared, prefill-yields, prefill-first, split"
+    ):
         layout_named("spread", "float32")
 
 
@@ -94,3 +96,11 @@ def test_the_other_services_run_beside_decode_and_are_never_niced(cpus: list[int
     for layout in LAYOUTS.values():
         service, decode = layout.place("service", cpus), layout.place("decode", cpus)
         assert service.cpus == decode.cpus and service.nice == 0
+
+
+@given(cpu_sets)
+def test_prefill_first_places_as_shared_and_is_the_only_layout_whose_decode_waits(cpus: list[int]) -> None:
+    first, shared = layout_named("prefill-first", "float32"), LAYOUTS["shared"]
+    for role in ("prefill", "decode", "service"):
+        assert first.place(role, cpus) == shared.place(role, cpus)
+    assert [layout.name for layout in LAYOUTS.values() if layout.prefill_first] == ["prefill-first"]

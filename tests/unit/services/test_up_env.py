@@ -68,6 +68,19 @@ def test_split_spill_starts_a_second_prefill_worker_on_the_decode_cores_after_de
     assert order.index("prefill-1") > order.index("decode-0")  # decode keeps its metrics port
 
 
+def test_prefill_first_gives_every_engine_one_lock_beside_the_logs_and_other_layouts_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
+    first = commands(up.parse_args(["--cpu-layout", "prefill-first", "--log-dir", str(tmp_path)]))
+    lock = ["--prefill-first-lock", str(tmp_path.resolve() / up.PREFILL_FIRST_LOCK)]
+    assert first["prefill-0"][-2:] == first["decode-0"][-2:] == lock
+    assert "--prefill-first-lock" not in first["gateway"] + first["kvpool-0"] + first["batcher-0"]
+    for name in ("shared", "split", "split-spill"):
+        started = commands(up.parse_args(["--cpu-layout", name, "--log-dir", str(tmp_path)]))
+        assert not any("--prefill-first-lock" in argv for argv in started.values())
+
+
 def test_up_offers_exactly_the_layouts_there_are() -> None:
     choices = get_args(UpSettings.model_fields["cpu_layout"].annotation)
     assert set(choices) == {"auto", *LAYOUTS}

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ITERATIONS = "alignedserve:decode_iterations_total"
 MIXED_ITERATIONS = "alignedserve:decode_mixed_iterations_total"  # running set spans 2+ batch ids
 GENERATED_TOKENS = "alignedserve:decode_generation_tokens_total"
+PREFILL_WAIT = "alignedserve:decode_prefill_wait_seconds_total"  # decode steps waiting for prefill forwards
 ITERATION_SECONDS = "alignedserve:decode_iteration_seconds"  # histogram: one decode forward
 DECODE_SPREAD = "alignedserve:decode_prefix_spread_tokens"  # histogram: max - min prefix, per iteration
 BATCH_SPREAD = "alignedserve:batcher_batch_prefix_spread_tokens"  # histogram: per formed batch
@@ -82,7 +83,8 @@ def decode_stats(delta: Mapping[str, float]) -> dict[str, float]:
     """Decode-side stats of a run from the counter deltas; a stat whose metrics are absent is left out.
 
     mixed_iteration_fraction: mixed / all decode iterations; decode_busy_s: seconds the decode workers
-    spent in forwards (summed over workers); decode_busy_tokens_per_s: tokens generated per such second
+    spent in forwards (summed over workers); decode_prefill_wait_s: seconds its steps waited for prefill
+    forwards (the prefill-first CPU layout); decode_busy_tokens_per_s: tokens generated per such second
     (throughput without idle time); mean spreads in tokens.
     """
     iterations, mixed = _sum_of(delta, ITERATIONS), _sum_of(delta, MIXED_ITERATIONS)
@@ -94,6 +96,7 @@ def decode_stats(delta: Mapping[str, float]) -> dict[str, float]:
         if iterations is None or mixed is None or not iterations
         else mixed / iterations,
         "decode_busy_s": busy_s,
+        "decode_prefill_wait_s": _sum_of(delta, PREFILL_WAIT),
         "decode_busy_tokens_per_s": None if tokens is None or not busy_s else tokens / busy_s,
         "mean_decode_iteration_ms": _ms(_mean_of(delta, ITERATION_SECONDS)),
         "mean_decode_prefix_spread": _mean_of(delta, DECODE_SPREAD),

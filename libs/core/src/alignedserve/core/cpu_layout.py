@@ -66,6 +66,11 @@ class CpuLayout(Protocol):
         """Prefill engines it adds on the decode cores (role "spill"), beside the `--prefill` ones."""
         ...
 
+    @property
+    def prefill_first(self) -> bool:
+        """Whether decode steps wait for prefill forwards (`alignedserve.service.compute_turns`)."""
+        ...
+
     def place(self, role: Role, cpus: Sequence[int]) -> Placement: ...
 
 
@@ -75,6 +80,7 @@ class Shared:
 
     name: str = "shared"
     spill_workers: int = 0
+    prefill_first: bool = False
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Placement(len(cpus), tuple(cpus))
@@ -86,9 +92,24 @@ class PrefillYields:
 
     name: str = "prefill-yields"
     spill_workers: int = 0
+    prefill_first: bool = False
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Placement(len(cpus), tuple(cpus), PREFILL_NICE if role in ("prefill", "spill") else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillFirst:
+    """As `shared`, and a decode step waits while a prefill forward runs (up to a bound): a prompt
+    waiting for its first token gets the whole machine, and decode steps run alone between forwards
+    instead of at half speed beside them."""
+
+    name: str = "prefill-first"
+    spill_workers: int = 0
+    prefill_first: bool = True
+
+    def place(self, role: Role, cpus: Sequence[int]) -> Placement:
+        return Shared().place(role, cpus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +120,7 @@ class Split:
 
     name: str = "split"
     spill_workers: int = 0
+    prefill_first: bool = False
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         if len(cpus) < 2:
@@ -118,13 +140,14 @@ class SplitSpill:
 
     name: str = "split-spill"
     spill_workers: int = 1
+    prefill_first: bool = False
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Split().place("decode" if role == "spill" else role, cpus)
 
 
 LAYOUTS: dict[str, CpuLayout] = {
-    layout.name: layout for layout in (Shared(), PrefillYields(), Split(), SplitSpill())
+    layout.name: layout for layout in (Shared(), PrefillYields(), PrefillFirst(), Split(), SplitSpill())
 }
 # The layout that served the most output tokens per second on the stack, interleaved against the others
 # (docs/benchmarks.md, "Engines sharing one machine's CPU"), by the dtype the CPU engines run (`--dtype

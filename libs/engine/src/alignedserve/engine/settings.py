@@ -66,6 +66,16 @@ class EngineWorkerSettings(WorkerSettings):
         description="CPUs to pin the worker to, as taskset -c takes them (0-3,6); empty: those it started on",
     )
     nice: int = Field(0, ge=0, le=19, description="niceness added to the worker on CPU (10: prefill yields)")
+    prefill_first_lock: str = Field(
+        "",
+        description="a lock file the engines of one machine share (the prefill-first CPU layout; `alignedserve"
+        " up` sets it): prefill holds it during a forward, decode waits for it before a step; empty: none",
+    )
+    prefill_first_max_wait_ms: int = Field(
+        500,
+        ge=0,
+        description="the longest a decode step waits for prefill forwards under --prefill-first-lock",
+    )
     advertise_host: str = Field("127.0.0.1", description="address other workers reach this UCX endpoint at")
     transfer_port: int = Field(0, ge=0, le=65535, description="UCX listener port (0: any free port)")
 

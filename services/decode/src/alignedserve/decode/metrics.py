@@ -63,6 +63,11 @@ class DecodeMetrics:
             "tokens generated (rate = tokens/s)",
             registry=registry,
         )
+        self.prefill_wait_seconds = Counter(
+            "alignedserve:decode_prefill_wait_seconds_total",
+            "time decode steps waited for prefill forwards on a shared machine (the prefill-first CPU layout)",
+            registry=registry,
+        )
         self.iterations = Counter(
             "alignedserve:decode_iterations_total", "decode iterations run", registry=registry
         )

@@ -43,6 +43,7 @@ from alignedserve.engine.engine import LLMEngine
 from alignedserve.engine.kv_envelope import EnvelopeError, KvEnvelope
 from alignedserve.engine.kv_export import KvExport, KvFormatError
 from alignedserve.engine.request import RequestError, RequestOutput
+from alignedserve.service.compute_turns import compute_turns
 from alignedserve.service.drain import Drain
 from alignedserve.service.engine_thread import EngineThread
 from alignedserve.service.logs import get_logger, request_context
@@ -72,6 +73,7 @@ class DecodeWorker:
         self.settings = settings
         self.engine = engine
         self.engine_thread = engine_thread or EngineThread()  # the thread the engine was placed on
+        self.turns = compute_turns(settings.prefill_first_lock, settings.prefill_first_max_wait_ms)
         self.bus = bus
         self.metrics = metrics
         self.drain = drain
@@ -199,15 +201,22 @@ class DecodeWorker:
         if not self.engine.has_unfinished():
             return False, 0.0
         profile = self.core.profile(self.engine.running_requests())  # the set this step decodes
-        started = time.perf_counter()
-        outputs = await self.engine_thread.call(self.engine.step)
+        waited, step_s, outputs = await self.engine_thread.call(self._step_in_turn)
         stepped = time.perf_counter()
         self.iteration += 1
-        self._observe_iteration(outputs, stepped - started, profile)
+        self.metrics.prefill_wait_seconds.inc(waited)
+        self._observe_iteration(outputs, step_s, profile)
         self._publish(self.core.on_outputs(outputs, self.iteration))
         for rid in self.core.take_aborts():  # cancelled while the step ran
             self.engine.abort(rid)
         return True, time.perf_counter() - stepped
+
+    def _step_in_turn(self) -> tuple[float, float, list[RequestOutput]]:
+        """(seconds waited for prefill forwards, seconds the step took, its outputs). Engine thread."""
+        with self.turns.decode_step() as waited:
+            started = time.perf_counter()
+            outputs = self.engine.step()
+            return waited, time.perf_counter() - started, outputs
 
     def _observe_iteration(
         self, outputs: Sequence[RequestOutput], step_s: float, profile: RunningProfile

@@ -40,6 +40,7 @@ from alignedserve.prefill.config import PrefillSettings
 from alignedserve.prefill.core import PrefillCore, Prefilled, Publish, Stage, hand_back
 from alignedserve.prefill.kv_io import PrefillKv
 from alignedserve.prefill.metrics import PrefillMetrics
+from alignedserve.service.compute_turns import compute_turns
 from alignedserve.service.engine_thread import EngineThread
 from alignedserve.service.logs import get_logger, request_context
 from alignedserve.service.sampling import to_params
@@ -67,6 +68,7 @@ class PrefillWorker:
         self.runtime = runtime
         self.engine = engine
         self.engine_thread = engine_thread or EngineThread()  # the thread the engine was placed on
+        self.turns = compute_turns(settings.prefill_first_lock, settings.prefill_first_max_wait_ms)
         self.metrics = metrics
         self.core = PrefillCore(
             runtime.worker_id,
@@ -209,10 +211,11 @@ class PrefillWorker:
         """One prefill forward, then the KV of every prompt it finished copied out (None: the request
         ended at its first token) and its blocks freed (the export owns the bytes). Runs in a thread."""
         finished: list[tuple[RequestOutput, KvExport | None]] = []
-        for output in self.engine.prefill_step():
-            export = None if output.finished else self.engine.export_kv(output.request_id)
-            self.engine.free(output.request_id)
-            finished.append((output, export))
+        with self.turns.prefill():
+            for output in self.engine.prefill_step():
+                export = None if output.finished else self.engine.export_kv(output.request_id)
+                self.engine.free(output.request_id)
+                finished.append((output, export))
         return finished
 
     async def _hand_off(self, item: Prefilled[KvExport]) -> None:

@@ -38,10 +38,10 @@ class UpSettings(Settings):
         description="engines: auto (each engine picks bfloat16 where its device computes it natively,"
         " float32 elsewhere), float32 or bfloat16 (cpu); float16 or bfloat16 (cuda)",
     )
-    cpu_layout: Literal["auto", "shared", "prefill-yields", "split", "split-spill"] = Field(
+    cpu_layout: Literal["auto", "shared", "prefill-yields", "prefill-first", "split", "split-spill"] = Field(
         "auto",
         description="CPU engines on this machine's cores: shared (all on all cores), prefill-yields (shared,"
-        " prefill niced), split (each role on its own cores), split-spill (split, plus a prefill engine on the decode"
+        " prefill niced), prefill-first (shared, decode steps wait for prefill forwards), split (each role on its own cores), split-spill (split, plus a prefill engine on the decode"
         " cores); auto: the measured best for the engines' dtype"
         " (docs/benchmarks.md)",
     )

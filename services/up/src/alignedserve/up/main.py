@@ -35,6 +35,9 @@ ENGINE_ENV_ON_SHARED_CPU = {"OMP_WAIT_POLICY": "PASSIVE"}
 ENGINE_SERVICES = ("prefill", "decode")
 READY_TIMEOUT_S = 600.0  # first start converts the GGUF weights once; later starts take seconds
 STOP_TIMEOUT_S = 30.0
+# The lock the engines of one stack share under the prefill-first layout (compute_turns), beside the logs:
+# each stack has its own log directory, and nothing is written to the file.
+PREFILL_FIRST_LOCK = "prefill-first.lock"
 
 
 @dataclass
@@ -84,7 +87,12 @@ def cpu_placements(cfg: UpSettings) -> dict[Role, list[str]]:
         return {role: [] for role in roles}
     layout = layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device))
     cpus = sorted(os.sched_getaffinity(0))
-    return {role: layout.place(role, cpus).engine_args() for role in roles}
+    turns = (
+        ["--prefill-first-lock", str(cfg.log_dir.resolve() / PREFILL_FIRST_LOCK)]
+        if layout.prefill_first
+        else []
+    )
+    return {role: layout.place(role, cpus).engine_args() + turns for role in roles}
 
 
 def service_cpus(cfg: UpSettings, argv: list[str]) -> tuple[int, ...]:
