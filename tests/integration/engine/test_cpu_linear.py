@@ -1,8 +1,9 @@
 """The C GEMM for decode on CPUs with AVX-512 BF16 (`cpu_linear`), built with this host's C compiler. It
 matches `F.linear` within one bfloat16 step at every row count a tile specialization covers (1-12 rows,
 and balanced tiles beyond), over strided inputs and column ranges split across two threads. Behind the
-engine, decode forwards of two or more rows take it where the "cpu" decode backend runs and the linear
-kernel is "auto"; one-row calls, prefill and an explicit linear kernel keep the model's own."""
+engine, decode forwards of two or more rows take it where the "cpu" decode backend runs, the linear
+kernel is "auto" and the CPU has no AMX tiles; one-row calls, prefill, an explicit linear kernel and AMX
+hosts keep the model's own."""
 
 from __future__ import annotations
 
@@ -79,7 +80,12 @@ def test_one_row_and_many_rows_go_to_the_small_kernel_and_packing_waits_for_a_de
     assert packs == [1]
 
 
-def test_engine_decodes_through_it_and_prefills_through_its_own_kernel() -> None:
+def test_engine_decodes_through_it_and_prefills_through_its_own_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from alignedserve.engine import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "cpu_has_amx_bf16", lambda: False)
     model = random_model(TINY_LLAMA_D64, seed=4).to(torch.bfloat16)
     prompts = mixed_prompts(6, TINY_LLAMA_D64.vocab_size, long_lengths=[300], seed=6)
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -94,3 +100,15 @@ def test_engine_decodes_through_it_and_prefills_through_its_own_kernel() -> None
         a == b for x, y in zip(kernel_tokens, own_tokens, strict=True) for a, b in zip(x, y, strict=True)
     )
     assert agree >= 0.9 * sum(len(x) for x in own_tokens)  # a one-step rounding may flip a near-tie
+
+
+def test_an_amx_host_keeps_the_models_linears_for_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On AMX tiles oneDNN's GEMM beats the C one: decode keeps the model's linears, with C element-wise steps."""
+    from alignedserve.engine import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "cpu_has_amx_bf16", lambda: True)
+    model = random_model(TINY_LLAMA_D64, seed=4).to(torch.bfloat16)
+    engine = tiny_engine(model, dtype="bfloat16", decode_backend="cpu")
+    assert engine.runner.decode_model is not engine.runner.model
+    assert engine.runner.decode_model.linear is engine.runner.model.linear
+    assert engine.runner.decode_model.ops.name == "cpu"  # type: ignore[attr-defined]

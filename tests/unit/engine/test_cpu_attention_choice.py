@@ -18,7 +18,6 @@ CPU = torch.device("cpu")
 @pytest.fixture
 def avx2_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(cpu_kernels, "host_cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    monkeypatch.setattr(triton_backend, "cpu_has_amx_bf16", lambda: False)
     _forget_built_kernels()
     yield
     _forget_built_kernels()

@@ -8,7 +8,7 @@ layer calls (its K/V already written to the paged cache). Backends:
   staged K/V, then SDPA). Every device; the CPU default.
 - `CpuKernelDecode` ("cpu", `cpu_attention.py`): the paged C kernel of `cpu_attention.c`, reading K/V in
   place (prefill attends through its sibling kernel there too). The default on a bfloat16 CPU with
-  AVX-512 BF16 and no AMX, where a C compiler builds it.
+  AVX-512 BF16 (AMX hosts included), where a C compiler builds it.
 - `TritonDecode` ("triton", `triton_backend.py`): the paged Triton kernel of `triton_decode.py`. The CUDA
   default where Triton imports.
 - `ReferenceDecode` ("reference"): `paged_decode_reference`, one plain softmax per row read straight

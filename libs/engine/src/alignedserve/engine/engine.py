@@ -24,9 +24,10 @@ from alignedserve.engine.attention import (
     BucketedGrouping,
     DecodeGrouping,
     PaddedGrouping,
+    PagedPrefill,
     PerSequenceGrouping,
 )
-from alignedserve.engine.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
+from alignedserve.engine.config import DEFAULT_KV_CACHE_BYTES, EngineConfig, cpu_has_amx_bf16
 from alignedserve.engine.cpu_linear import CpuKernelLinear, packed_weights
 from alignedserve.engine.cpu_ops import CpuLayerOps
 from alignedserve.engine.decode_backend import FixedGrouping, GroupingSelector
@@ -104,8 +105,7 @@ class LLMEngine:
             _selector(config),
             _decode_kv(config, self.layout),
         )
-        # where the C decode kernel runs, its prefill kernel does too (the same host class and library)
-        prefill_kernel = cpu_attention.paged_prefill if decode.name == "cpu" else None
+        prefill_kernel = _prefill_kernel(decode.name)
         decode_model = _decode_model(self.model, self.loaded.hf_model, decode.name, config.linear_kernel)
         self.runner = ModelRunner(self.model, self.cache, decode, timer, prefill_kernel, decode_model)
         self.scheduler = Scheduler(
@@ -436,19 +436,35 @@ def _selector(config: EngineConfig) -> GroupingSelector:
     return ShapeSelector()
 
 
+def _prefill_kernel(decode_backend: str) -> PagedPrefill | None:
+    """Where the C decode kernel runs, its prefill kernel attends continuation chunks too (the same host
+    class and library), except on AMX tiles: there torch's flash kernel computes on them and prefilled a
+    2,048-token prompt in 256-token chunks in 0.5-0.6x the C kernel's time (docs/benchmarks.md, "The C
+    decode path on AMX"). None: SDPA per span."""
+    if decode_backend != "cpu" or cpu_has_amx_bf16():
+        return None
+    return cpu_attention.paged_prefill
+
+
 def _decode_model(model: PagedModel, hf_model: Any, decode_backend: str, linear: str) -> PagedModel:
     """Where the C decode kernels run and the linear kernel is "auto", decode forwards of two rows or more
-    multiply by the C GEMM (`cpu_linear`) and run their element-wise steps in C (`cpu_ops`): the same host
-    class and library build. Prefill and one-row decode keep `model`'s, transformers' bit for bit (the
-    accuracy contract)."""
-    if decode_backend != "cpu" or linear != "auto":
+    run their element-wise steps in C (`cpu_ops`) and multiply by `_decode_linears`: the same host class
+    and library build. Prefill and one-row decode keep `model`'s, transformers' bit for bit (the accuracy
+    contract)."""
+    if decode_backend != "cpu" or linear != "auto" or not cpu_ops.kernel_available():
         return model
-    if not (cpu_linear.kernel_available() and cpu_ops.kernel_available()):
+    silu = getattr(hf_model.config, "hidden_act", None) in ("silu", "swish")
+    return with_layer_ops(_decode_linears(model, hf_model), CpuLayerOps(silu))
+
+
+def _decode_linears(model: PagedModel, hf_model: Any) -> PagedModel:
+    """The C GEMM (`cpu_linear`) where the CPU has AVX-512 BF16 but no AMX tiles; where it has them,
+    oneDNN's GEMM computes on the tiles and keeps `model`'s linears: a decode step of 13 rows ran 1.3-1.5x
+    faster with it than with the C GEMM (docs/benchmarks.md, "The C decode path on AMX")."""
+    if cpu_has_amx_bf16() or not cpu_linear.kernel_available():
         return model
     packed = functools.partial(packed_weights, hf_model, linear_groups(hf_model))  # at the first decode
-    fast = with_linear(model, CpuKernelLinear(packed, model.linear))
-    silu = getattr(hf_model.config, "hidden_act", None) in ("silu", "swish")
-    return with_layer_ops(fast, CpuLayerOps(silu))
+    return with_linear(model, CpuKernelLinear(packed, model.linear))
 
 
 def _decode_kv(config: EngineConfig, layout: KvLayout) -> DecodeKv:

@@ -52,7 +52,7 @@ class EngineWorkerSettings(WorkerSettings):
     decode_backend: Literal["auto", "torch", "cpu", "triton", "reference"] = Field(
         "auto",
         description="decode attention: auto = the Triton paged kernel on CUDA; the paged C kernel (cpu) for"
-        " bfloat16 on a CPU with AVX-512 BF16 and no AMX, where a C compiler builds it; SDPA groupings"
+        " bfloat16 on a CPU with AVX-512 BF16 (AMX or not), where a C compiler builds it; SDPA groupings"
         " (torch) elsewhere",
     )
     linear_kernel: Literal["auto", "torch", "onednn_packed"] = Field(

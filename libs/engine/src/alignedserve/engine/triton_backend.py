@@ -2,10 +2,9 @@
 
 `select_backend` resolves `EngineConfig.decode_backend`: "auto" is Triton on CUDA when it imports (the
 kernel reads the paged cache in place: no gather and no staged copy in HBM); on a CPU running bfloat16
-with AVX-512 BF16 and no AMX, the paged C kernel (`cpu_attention.py`) where it builds (its AMX hosts run
-torch's flash kernel on AMX tiles, and the C kernel has not been measured there); SDPA over groupings
-everywhere else. "triton" on CPU needs Triton's interpreter (TRITON_INTERPRET=1 before the first import
-of Triton), which is how it is tested without a GPU.
+(AVX-512 BF16, with or without AMX tiles), the paged C kernel (`cpu_attention.py`) where it builds; SDPA
+over groupings everywhere else. "triton" on CPU needs Triton's interpreter (TRITON_INTERPRET=1 before the
+first import of Triton), which is how it is tested without a GPU.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import importlib.util
 import torch
 
 from alignedserve.engine import cpu_attention
-from alignedserve.engine.config import cpu_has_amx_bf16
 from alignedserve.engine.decode_backend import (
     DecodeBackend,
     DecodeStep,
@@ -96,7 +94,7 @@ def _auto(device: torch.device, dtype: torch.dtype) -> str:
     if device.type == "cuda" and triton_usable(device):
         return "triton"
     cpu_bfloat16 = device.type == "cpu" and dtype == torch.bfloat16
-    if cpu_bfloat16 and not cpu_has_amx_bf16() and cpu_attention.kernel_available():
+    if cpu_bfloat16 and cpu_attention.kernel_available():
         return "cpu"
     return "torch"
 

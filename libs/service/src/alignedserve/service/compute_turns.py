@@ -54,7 +54,7 @@ class PrefillFirst:
 
     def __init__(self, lock_path: Path, max_wait_s: float) -> None:
         self.max_wait_s = max_wait_s
-        # opened once, read-write and created if absent: nothing is ever written to them
+        # opened once for the process's life, created if absent: nothing is ever written to them
         self._forward = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         self._step = os.open(lock_path.with_name(lock_path.name + ".step"), os.O_RDWR | os.O_CREAT, 0o600)
 
@@ -78,9 +78,7 @@ class PrefillFirst:
 
     def _wait_for_forward(self) -> float:
         started = time.monotonic()
-        while not self._no_forward_running():
-            if time.monotonic() - started >= self.max_wait_s:
-                break
+        while not self._no_forward_running() and time.monotonic() - started < self.max_wait_s:
             time.sleep(POLL_S)
         return time.monotonic() - started
 
@@ -91,10 +89,6 @@ class PrefillFirst:
             return False
         fcntl.flock(self._forward, fcntl.LOCK_UN)
         return True
-
-    def close(self) -> None:
-        os.close(self._forward)
-        os.close(self._step)
 
 
 def compute_turns(lock_path: str, max_wait_ms: int) -> ComputeTurns:

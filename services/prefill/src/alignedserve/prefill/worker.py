@@ -211,11 +211,12 @@ class PrefillWorker:
         """One prefill forward, then the KV of every prompt it finished copied out (None: the request
         ended at its first token) and its blocks freed (the export owns the bytes). Runs in a thread."""
         finished: list[tuple[RequestOutput, KvExport | None]] = []
-        with self.turns.prefill():
-            for output in self.engine.prefill_step():
-                export = None if output.finished else self.engine.export_kv(output.request_id)
-                self.engine.free(output.request_id)
-                finished.append((output, export))
+        with self.turns.prefill():  # the forward only: copying the KV out is no reason to hold decode back
+            outputs = self.engine.prefill_step()
+        for output in outputs:
+            export = None if output.finished else self.engine.export_kv(output.request_id)
+            self.engine.free(output.request_id)
+            finished.append((output, export))
         return finished
 
     async def _hand_off(self, item: Prefilled[KvExport]) -> None:
