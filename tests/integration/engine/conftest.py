@@ -11,6 +11,7 @@ import torch
 from engine_models import TINY_LLAMA, TINY_OPT, random_model
 from transformers import PreTrainedModel
 
+from alignedserve.engine import engine as engine_module
 from alignedserve.engine.loader import LoadedModel, load
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,3 +49,15 @@ def two_threads() -> Iterator[None]:
     torch.set_num_threads(2)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def amx_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine decides as on a CPU with AMX tiles (which kernels the "cpu" decode backend pairs)."""
+    monkeypatch.setattr(engine_module, "cpu_has_amx_bf16", lambda: True)
+
+
+@pytest.fixture
+def no_amx_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine decides as on a CPU with AVX-512 BF16 and no AMX tiles."""
+    monkeypatch.setattr(engine_module, "cpu_has_amx_bf16", lambda: False)

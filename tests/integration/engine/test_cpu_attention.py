@@ -134,10 +134,8 @@ def test_one_row_takes_the_torch_path_and_more_take_the_kernel() -> None:
     assert backend.begin([0, 1], [40, 2], [[3, 4, 5], [6]]).strategy == "cpu"
 
 
-def test_engine_runs_both_kernels_to_the_reference_backends_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
-    from alignedserve.engine import engine as engine_module
-
-    monkeypatch.setattr(engine_module, "cpu_has_amx_bf16", lambda: False)  # AMX hosts prefill by SDPA
+@pytest.mark.usefixtures("no_amx_host")  # AMX hosts prefill by SDPA
+def test_engine_runs_both_kernels_to_the_reference_backends_tokens() -> None:
     model = random_model(TINY_LLAMA_D64, seed=3).to(torch.bfloat16)
     prompts = mixed_prompts(8, TINY_LLAMA_D64.vocab_size, long_lengths=[300, 700], seed=5)
     greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -165,11 +163,9 @@ def test_auto_takes_the_kernel_for_bfloat16_only() -> None:
         triton_backend.select_backend("cpu", CPU, torch.float32, 16, ShapeSelector(), GatheredKv())
 
 
-def test_an_amx_host_prefills_by_sdpa_and_decodes_by_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("amx_host")
+def test_an_amx_host_prefills_by_sdpa_and_decodes_by_the_kernel() -> None:
     """On AMX tiles torch's flash kernel prefills faster than the C kernel (docs/benchmarks.md)."""
-    from alignedserve.engine import engine as engine_module
-
-    monkeypatch.setattr(engine_module, "cpu_has_amx_bf16", lambda: True)
     engine = tiny_engine(random_model(TINY_LLAMA_D64, seed=3).to(torch.bfloat16), dtype="bfloat16")
     assert engine.runner.decode_backend.name == "cpu"
     assert engine.runner.prefill_kernel is None

@@ -80,12 +80,8 @@ def test_one_row_and_many_rows_go_to_the_small_kernel_and_packing_waits_for_a_de
     assert packs == [1]
 
 
-def test_engine_decodes_through_it_and_prefills_through_its_own_kernel(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from alignedserve.engine import engine as engine_module
-
-    monkeypatch.setattr(engine_module, "cpu_has_amx_bf16", lambda: False)
+@pytest.mark.usefixtures("no_amx_host")
+def test_engine_decodes_through_it_and_prefills_through_its_own_kernel() -> None:
     model = random_model(TINY_LLAMA_D64, seed=4).to(torch.bfloat16)
     prompts = mixed_prompts(6, TINY_LLAMA_D64.vocab_size, long_lengths=[300], seed=6)
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -102,11 +98,9 @@ def test_engine_decodes_through_it_and_prefills_through_its_own_kernel(
     assert agree >= 0.9 * sum(len(x) for x in own_tokens)  # a one-step rounding may flip a near-tie
 
 
-def test_an_amx_host_keeps_the_models_linears_for_decode(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On AMX tiles oneDNN's GEMM beats the C one: decode keeps the model's linears, with C element-wise steps."""
-    from alignedserve.engine import engine as engine_module
-
-    monkeypatch.setattr(engine_module, "cpu_has_amx_bf16", lambda: True)
+@pytest.mark.usefixtures("amx_host")
+def test_an_amx_host_keeps_the_models_linears_for_decode() -> None:
+    """On AMX tiles oneDNN's GEMM beats the C one: decode keeps the model's linears, C element-wise steps."""
     model = random_model(TINY_LLAMA_D64, seed=4).to(torch.bfloat16)
     engine = tiny_engine(model, dtype="bfloat16", decode_backend="cpu")
     assert engine.runner.decode_model is not engine.runner.model

@@ -10,8 +10,9 @@ instruction reads.
 
 The engine uses it for decode forwards where the "cpu" decode backend runs on a CPU without AMX tiles
 (`engine._decode_linears`: on the tiles oneDNN's GEMM is faster), for MIN_ROWS .. MAX_ROWS rows; other
-calls go to `small` (the model's own kernel). One row stays there for the accuracy contract: the kernel sums in another order than oneDNN, so ~0.005 % of its outputs differ from
-transformers' by one bfloat16 step.
+calls go to `small` (the model's own kernel). One row stays there for the accuracy contract: the kernel
+sums in another order than oneDNN, so ~0.005 % of its outputs differ from transformers' by one bfloat16
+step.
 """
 
 from __future__ import annotations
