@@ -31,7 +31,7 @@ def test_every_layout_gives_each_role_threads_for_exactly_its_own_cpus(cpus: lis
 
 @given(cpu_sets)
 def test_split_gives_decode_the_larger_half_and_never_shares_a_core(cpus: list[int]) -> None:
-    split = layout_named("split", "float32")
+    split = layout_named("split", "float32", 4)
     prefill, decode = split.place("prefill", cpus), split.place("decode", cpus)
     if len(cpus) == 1:
         assert prefill.cpus == decode.cpus == tuple(cpus)
@@ -43,22 +43,24 @@ def test_split_gives_decode_the_larger_half_and_never_shares_a_core(cpus: list[i
 
 def test_only_prefill_yields_and_only_in_its_layout() -> None:
     cpus = [0, 1, 2, 3]
-    assert layout_named("prefill-yields", "float32").place("prefill", cpus) == Placement(
+    assert layout_named("prefill-yields", "float32", 4).place("prefill", cpus) == Placement(
         4, (0, 1, 2, 3), PREFILL_NICE
     )
-    assert layout_named("prefill-yields", "float32").place("decode", cpus).nice == 0
-    assert layout_named("shared", "float32").place("prefill", cpus) == Placement(4, (0, 1, 2, 3), 0)
+    assert layout_named("prefill-yields", "float32", 4).place("decode", cpus).nice == 0
+    assert layout_named("shared", "float32", 4).place("prefill", cpus) == Placement(4, (0, 1, 2, 3), 0)
 
 
 def test_auto_is_the_layout_measured_for_the_engines_dtype_and_an_unknown_name_lists_the_choices() -> None:
     assert set(AUTO_BY_DTYPE) == set(DTYPES_BY_DEVICE["cpu"])  # a measured layout for each CPU dtype
-    assert layout_named("auto", "bfloat16") is LAYOUTS["split"]
-    assert layout_named("auto", "float32") is LAYOUTS["shared"]
-    assert layout_named("auto", "float16") is LAYOUTS["split"]  # not a CPU dtype: no measurement
+    assert layout_named("auto", "bfloat16", 2) is LAYOUTS["split-spill"]  # as measured: one core a side
+    assert layout_named("auto", "bfloat16", 4) is LAYOUTS["split"]
+    assert layout_named("auto", "bfloat16", 1) is LAYOUTS["split"]  # one core: split places as shared
+    assert layout_named("auto", "float32", 2) is LAYOUTS["shared"]
+    assert layout_named("auto", "float16", 2) is LAYOUTS["split"]  # not a CPU dtype: no measurement
     with pytest.raises(
         ValueError, match="choose auto or one of shared, prefill-yields, prefill-first, split"
     ):
-        layout_named("spread", "float32")
+        layout_named("spread", "float32", 2)
 
 
 def test_a_placement_becomes_the_worker_flags() -> None:
@@ -82,7 +84,7 @@ def test_a_bad_cpu_list_says_how_to_write_one(text: str) -> None:
 
 @given(cpu_sets)
 def test_split_spill_is_split_with_a_spill_prefill_engine_on_the_decode_cores(cpus: list[int]) -> None:
-    spill, split = layout_named("split-spill", "bfloat16"), layout_named("split", "bfloat16")
+    spill, split = layout_named("split-spill", "bfloat16", 4), layout_named("split", "bfloat16", 4)
     assert spill.spill_workers == 1 and all(
         layout.spill_workers == 0 for layout in (split, LAYOUTS["shared"])
     )
@@ -100,7 +102,7 @@ def test_the_other_services_run_beside_decode_and_are_never_niced(cpus: list[int
 
 @given(cpu_sets)
 def test_prefill_first_places_as_shared_and_is_the_only_layout_whose_decode_waits(cpus: list[int]) -> None:
-    first, shared = layout_named("prefill-first", "float32"), LAYOUTS["shared"]
+    first, shared = layout_named("prefill-first", "float32", 4), LAYOUTS["shared"]
     for role in ("prefill", "decode", "service"):
         assert first.place(role, cpus) == shared.place(role, cpus)
     assert [layout.name for layout in LAYOUTS.values() if layout.prefill_first] == ["prefill-first"]

@@ -23,7 +23,7 @@ from alignedserve.bus.messages import (
     WorkerState,
 )
 from alignedserve.engine.request import RequestOutput
-from alignedserve.prefill.core import PrefillCore, Prefilled, Stage
+from alignedserve.prefill.core import Intake, PrefillCore, Prefilled, Stage
 
 BLOCK = 4
 WORKER = "prefill-0"
@@ -64,9 +64,9 @@ def test_the_queue_is_full_at_max_queue_and_batches_take_the_oldest_within_budge
     c = core(max_tokens=30, max_queue=3)
     for rid, n in (("a", 10), ("b", 15), ("c", 10)):
         c.take(prompt(rid, n))
-    assert c.full
+    assert not c.has_room([])
     assert ids(c.next_batch()) == ["a", "b"]  # c would pass the 30-token budget
-    assert not c.full and ids(list(c.queue)) == ["c"]
+    assert c.has_room([]) and ids(list(c.queue)) == ["c"]
 
 
 def test_admission_drops_ended_fails_refused_and_defers_what_does_not_fit_together() -> None:
@@ -194,3 +194,26 @@ def test_a_hand_off_whose_pool_went_away_loses_the_kv_not_the_request() -> None:
     [(topic, lost)] = core().lost(prompt("a", 5), "pool unreachable")
     assert topic == topics.EVENTS
     assert isinstance(lost, RequestLost) and (lost.request_id, lost.worker_id) == ("a", WORKER)
+
+
+def test_without_a_token_limit_those_in_the_engine_do_not_count_against_the_queue() -> None:
+    c = core(max_queue=2)
+    c.take(prompt("a", 500))
+    assert c.has_room([prompt("b", 500)])
+
+
+def test_a_token_limit_leaves_prompts_to_the_other_workers_once_held_ones_reach_it() -> None:
+    c = PrefillCore(WORKER, BLOCK, 100, 8, max_queue=10, intake=Intake(max_backlog_tokens=50))
+    c.take(prompt("a", 20))
+    assert c.has_room([prompt("b", 29)])  # 49 held
+    assert not c.has_room([prompt("b", 30)])  # queued and prefilling together: 50
+    c.next_batch()
+    assert c.has_room([])
+
+
+def test_an_idle_intake_worker_reads_only_while_it_holds_no_prompt() -> None:
+    c = PrefillCore(WORKER, BLOCK, 100, 8, max_queue=10, intake=Intake(when_idle=True))
+    assert c.has_room([])
+    assert not c.has_room([prompt("a", 1)])
+    c.take(prompt("b", 1))
+    assert not c.has_room([])

@@ -49,7 +49,7 @@ def test_cpu_engines_get_their_layouts_placement_and_the_rest_none(monkeypatch: 
     assert split["decode-0"][-6:] == ["--num-threads", "2", "--cpus", "2,3", "--nice", "0"]
     assert "--cpus" not in split["gateway"] and "--cpus" not in split["batcher-0"]
     auto = commands(config())
-    expected = layout_named("auto", resolve_dtype("auto", "cpu"))  # this host's dtype picks auto's layout
+    expected = layout_named("auto", resolve_dtype("auto", "cpu"), 4)  # this host's dtype picks auto's layout
     assert auto["prefill-0"][-6:] == expected.place("prefill", [0, 1, 2, 3]).engine_args()
     assert auto["decode-0"][-6:] == expected.place("decode", [0, 1, 2, 3]).engine_args()
     gpu = commands(config("cuda"))
@@ -62,10 +62,15 @@ def test_split_spill_starts_a_second_prefill_worker_on_the_decode_cores_after_de
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
     cfg = up.parse_args(["--cpu-layout", "split-spill", "--log-dir", "/tmp/unused"])
     started = commands(cfg)
-    assert started["prefill-0"][-6:-2] == ["--num-threads", "1", "--cpus", "0"]
-    assert started["prefill-1"][-6:-2] == started["decode-0"][-6:-2] == ["--num-threads", "1", "--cpus", "1"]
+    assert started["prefill-0"][-8:-4] == ["--num-threads", "1", "--cpus", "0"]
+    assert started["prefill-1"][-8:-4] == started["decode-0"][-6:-2] == ["--num-threads", "1", "--cpus", "1"]
     order = [name for name, _, _ in up.service_commands(cfg, "redis://127.0.0.1:6379/0")]
     assert order.index("prefill-1") > order.index("decode-0")  # decode keeps its metrics port
+    # the prefill core leaves prompts on the bus beyond a forward's worth; the spill engine takes those
+    assert started["prefill-0"][-2:] == ["--max-backlog-tokens", str(up.SPILL_BACKLOG_TOKENS)]
+    assert started["prefill-1"][-2:] == ["--intake", "idle"]
+    split = commands(up.parse_args(["--cpu-layout", "split", "--log-dir", "/tmp/unused"]))
+    assert "--max-backlog-tokens" not in split["prefill-0"] and "--intake" not in split["prefill-0"]
 
 
 def test_prefill_first_gives_every_engine_one_lock_beside_the_logs_and_other_layouts_none(

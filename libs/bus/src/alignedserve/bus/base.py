@@ -62,6 +62,14 @@ class ConsumerOptions:
     # topics or group since it last read (restarted without its storage, flushed): whatever was
     # published and not yet handled before then is gone, and the caller may redo it
     on_broker_loss: Callable[[str], None] | None = None
+    # Flow control: awaited before each fetch, so a consumer with no room for more work reads nothing and
+    # leaves what is published to the group's other members (Redis Streams; on Kafka, its partitions'
+    # records wait for it). None: it always reads.
+    room: Callable[[], Awaitable[None]] | None = None
+    # None: wait on the broker for the next message. A number: fetch without waiting, and again this many
+    # seconds later while nothing comes. Redis hands a new entry to the member that has waited on it
+    # longest, so a member that polls gets only what the waiting members leave (a fallback worker).
+    poll_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -158,6 +166,7 @@ class Subscription(abc.ABC):
         self._ready = asyncio.Event()
         self._stopping = False
         self._fetching = False  # True while blocked on the broker: safe to cancel (nothing in hand)
+        self._stop_requested = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -167,6 +176,30 @@ class Subscription(abc.ABC):
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run_guarded(), name=self.dispatcher.name)
+
+    async def _wait_for_room(self) -> None:
+        """The handler side's flow control (`ConsumerOptions.room`); nothing is in hand meanwhile."""
+        room = self.dispatcher.options.room
+        if room is None:
+            return
+        self._fetching = True
+        waits = [asyncio.ensure_future(room()), asyncio.ensure_future(self._stop_requested.wait())]
+        try:  # stop() may have come between two fetches, when there was nothing to cancel
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._fetching = False
+            for wait in waits:
+                wait.cancel()
+
+    async def _idle_poll(self, got: bool) -> None:
+        """A polling member (`ConsumerOptions.poll_s`) that found nothing waits before it asks again."""
+        poll_s = self.dispatcher.options.poll_s
+        if poll_s is not None and not got:
+            self._fetching = True
+            try:
+                await asyncio.sleep(poll_s)
+            finally:
+                self._fetching = False
 
     async def ready(self, timeout: float = 30.0) -> None:
         """Wait until this member receives messages (Kafka: partitions assigned)."""
@@ -179,6 +212,7 @@ class Subscription(abc.ABC):
     async def stop(self) -> None:
         """Finish the message in hand, acknowledge it, leave the group. Safe to call twice."""
         self._stopping = True
+        self._stop_requested.set()
         task = self._task
         if task is None or self._closed:
             return

@@ -530,13 +530,16 @@ class KafkaSubscription(Subscription):
     async def _run(self) -> None:
         while not self._stopping:
             await self._recreate_lost_topics()
+            await self._wait_for_room()
+            polling = self.dispatcher.options.poll_s is not None
             self._fetching = True
             try:
-                batches = await self._consumer.getmany(timeout_ms=self._options.poll_ms)
+                batches = await self._consumer.getmany(timeout_ms=0 if polling else self._options.poll_ms)
             finally:
                 self._fetching = False
             for tp, records in batches.items():
                 await self._handle(tp, records)
+            await self._idle_poll(bool(batches))
 
     async def _recreate_lost_topics(self) -> None:
         """Topics the metadata knew and no longer does: the broker lost them (restarted without its

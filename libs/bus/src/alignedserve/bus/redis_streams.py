@@ -265,6 +265,7 @@ class RedisSubscription(Subscription):
         while not self._stopping:
             if time.monotonic() >= self._next_claim:
                 await self._claim_idle()
+            await self._wait_for_room()
             self._fetching = True
             try:
                 response: Any = await self._redis.xreadgroup(
@@ -272,12 +273,13 @@ class RedisSubscription(Subscription):
                     self._consumer,
                     dict.fromkeys(self._topics, ">"),
                     count=self.dispatcher.options.batch,
-                    block=self._block_ms(),
+                    block=None if self.dispatcher.options.poll_s is not None else self._block_ms(),
                 )
             finally:
                 self._fetching = False
             for stream, entries in response or []:
                 await self._handle(stream.decode(), entries, redelivered=False)
+            await self._idle_poll(bool(response))
 
     async def _recreate_lost_groups(self) -> None:
         """Streams and groups a restarted or flushed Redis no longer has: made again, and said so.

@@ -132,11 +132,15 @@ class Split:
 
 @dataclass(frozen=True, slots=True)
 class SplitSpill:
-    """As `split`, plus one more prefill engine on the decode cores at the same priority: where decode's
-    steps leave those cores idle, prompts are prefilled there too, with no OpenMP barrier across the two
-    halves (each engine's threads stay on one side). Measured on a 2-core bfloat16 host: mean TTFT
-    0.70-0.74x split's, output tokens/s 0.93x (docs/benchmarks.md, "Peers"); niced, the spill engine
-    starved the prompts it took (half the throughput)."""
+    """As `split`, plus one more prefill engine on the decode cores at the same priority, which takes only
+    the prompts the prefill cores leave: `alignedserve up` has the prefill workers there stop reading
+    prompts while they hold a forward's worth (`--max-backlog-tokens`) and the spill engine read one
+    prompt at a time, only while it holds none, polling the bus instead of waiting on it (`--intake
+    idle`). A prompt waits for the prefill cores' backlog, not behind it, and decode steps share their
+    cores only while there is one; no OpenMP barrier spans the two halves (each engine's threads stay on
+    one side). Without that intake the spill engine took as many prompts as the prefill core, at half
+    its speed, and served 0.93x split's tokens/s; niced, it starved the prompts it took (docs/benchmarks.md,
+    "Peers" and "A prefill engine that takes what the prefill core leaves")."""
 
     name: str = "split-spill"
     spill_workers: int = 1
@@ -157,17 +161,25 @@ LAYOUTS: dict[str, CpuLayout] = {
 # computing at nice 0, i.e. shared; niced for real, shared served 1.07x its tokens at 0.76x its TTFT.
 # `alignedserve up --cpu-layout` overrides it.
 AUTO_BY_DTYPE: dict[str, str] = {"bfloat16": "split", "float32": "shared"}
+# bfloat16 on two CPUs (one-thread engines on each side, as measured): split-spill, 1.11x / 1.12x split's
+# output tokens/s at 0.54x / 0.68x its mean TTFT (AVX-512 BF16 host, "A prefill engine that takes what
+# the prefill core leaves"). With more cores the spill engine's threads would share the decode cores
+# with decode's own, barriers and all, which is not measured: split there.
+SPILL_AUTO = ("bfloat16", 2)  # (dtype, CPU count)
 
 
-def auto_layout(dtype: str) -> str:
-    """The measured best layout for CPU engines running `dtype` (split for a dtype not measured)."""
+def auto_layout(dtype: str, cpu_count: int) -> str:
+    """The measured best layout for CPU engines running `dtype` on `cpu_count` CPUs (split for a dtype not
+    measured)."""
+    if (dtype, cpu_count) == SPILL_AUTO:
+        return "split-spill"
     return AUTO_BY_DTYPE.get(dtype, "split")
 
 
-def layout_named(name: str, dtype: str) -> CpuLayout:
-    """`auto` (`auto_layout(dtype)`, dtype: what the engines run) or a name of LAYOUTS; ValueError naming
-    the choices."""
-    return LAYOUTS[auto_layout(dtype) if check_layout(name) == "auto" else name]
+def layout_named(name: str, dtype: str, cpu_count: int) -> CpuLayout:
+    """`auto` (`auto_layout`: dtype, what the engines run, on this many CPUs) or a name of LAYOUTS;
+    ValueError naming the choices."""
+    return LAYOUTS[auto_layout(dtype, cpu_count) if check_layout(name) == "auto" else name]
 
 
 def check_layout(name: str) -> str:

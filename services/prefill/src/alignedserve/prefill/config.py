@@ -20,6 +20,19 @@ class PrefillSettings(EngineWorkerSettings):
         ByteSize(512 << 20), gt=0, description="KV cache budget on the device (prompts in flight here)"
     )
     max_queue: int = Field(256, ge=1, description="prompts queued here before it stops taking more")
+    max_backlog_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="prompt tokens held here (queued and prefilling) before this worker stops reading"
+        " prompts: what it leaves on the bus, the other prefill workers take; unset: up to --max-queue"
+        " prompts",
+    )
+    intake: Literal["always", "idle"] = Field(
+        "always",
+        description="when this worker reads prompts: always (while it has room), or idle (one at a time,"
+        " only while it holds none, polling the bus instead of waiting on it: on Redis it takes only what"
+        " the other prefill workers leave there; the split-spill CPU layout's engine on the decode cores)",
+    )
     prefill_order: Literal["shortest", "fcfs"] = Field(
         "shortest",
         description="which prompts get a forward's tokens first: shortest (fewest prompt tokens left: a"

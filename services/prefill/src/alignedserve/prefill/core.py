@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import defaultdict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -49,6 +49,18 @@ ID_MEMORY = 100_000  # request ids remembered as taken here, and as ended
 
 Publish = tuple[str, Message]  # (topic, message) for the worker to publish, in order
 E = TypeVar("E")
+
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """When the worker reads more prompts off the bus (`PrefillCore.has_room`).
+
+    max_backlog_tokens: prompt tokens held here (queued and prefilling) at which it stops reading, so
+    that what it leaves waits on the bus for the other prefill workers (None: up to `max_queue` prompts).
+    when_idle: a fallback worker, which reads one prompt only while it holds none."""
+
+    max_backlog_tokens: int | None = None
+    when_idle: bool = False
 
 
 class LogprobLike(Protocol):
@@ -100,13 +112,20 @@ class Stage(enum.Enum):
 
 class PrefillCore:
     def __init__(
-        self, worker_id: str, block_size: int, max_prefill_tokens: int, max_num_seqs: int, max_queue: int
+        self,
+        worker_id: str,
+        block_size: int,
+        max_prefill_tokens: int,
+        max_num_seqs: int,
+        max_queue: int,
+        intake: Intake | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.block_size = block_size
         self.max_prefill_tokens = max_prefill_tokens
         self.max_num_seqs = max_num_seqs
         self.max_queue = max_queue
+        self.intake = intake or Intake()
         self.queue: deque[PrefillRequest] = deque()
         self.taken = SeenIds(ID_MEMORY)  # request ids queued here before
         self.ended = SeenIds(ID_MEMORY)  # cancelled or finished: their KV is refused here too
@@ -123,10 +142,16 @@ class PrefillCore:
         self.taken.add(request.request_id)
         self.queue.append(request)
 
-    @property
-    def full(self) -> bool:
-        """Taking no more prompts: other prefill workers get them."""
-        return len(self.queue) >= self.max_queue
+    def has_room(self, prefilling: Iterable[PrefillRequest]) -> bool:
+        """Whether to read another prompt, beside the queue and those in the engine (`prefilling`); what
+        this worker does not read, the other prefill workers get."""
+        held = [*self.queue, *prefilling]
+        if self.intake.when_idle:
+            return not held
+        if len(self.queue) >= self.max_queue:
+            return False
+        limit = self.intake.max_backlog_tokens
+        return limit is None or sum(len(r.prompt_token_ids) for r in held) < limit
 
     def next_batch(self) -> list[PrefillRequest]:
         return take_batch(self.queue, self.max_prefill_tokens, self.max_num_seqs)

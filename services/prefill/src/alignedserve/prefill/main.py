@@ -48,7 +48,9 @@ async def serve(settings: PrefillSettings) -> int:
         await runtime.subscribe(
             topics.staging(settings.worker_id), f"stage-{settings.worker_id}", worker.on_stage
         )
-        await runtime.subscribe(topics.PREFILL, topics.PREFILL_GROUP, worker.on_prompt)
+        await runtime.subscribe(
+            topics.PREFILL, topics.PREFILL_GROUP, worker.on_prompt, worker.prompt_intake()
+        )
         runtime.spawn(worker.prefill_loop(), "prefill-loop")
         runtime.spawn(expire_leases(leases, served, worker.staged_lease_expired), "staging-lease-expiry")
         runtime.set_ready()

@@ -1,6 +1,8 @@
 """The prefill worker's loop at the I/O edge of `PrefillCore`: bus messages, engine calls, KV moves.
 
-1. Prompts (PREFILL topic, group `prefill`) queue here; one loop moves them into the engine as KV
+1. Prompts (PREFILL topic, group `prefill`) queue here, read off the bus only while the worker has room
+   (`PrefillCore.has_room`: what it leaves there, the group's other prefill workers take; an idle-intake
+   worker polls, one prompt at a time); one loop moves them into the engine as KV
    blocks allow and runs one prefill forward at a time (a chunk of every prompt it holds, within
    `max_prefill_tokens`, shortest first by default). A prompt whose first token comes out of a forward
    is done at once, whatever else is still prefilling: its first token goes to its gateway, its KV to
@@ -18,9 +20,10 @@ bus and the heartbeat keep going during a forward pass.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
-from alignedserve.bus import BusUnavailable, Delivery
+from alignedserve.bus import BusUnavailable, ConsumerOptions, Delivery
 from alignedserve.bus.messages import (
     BatchPlan,
     Cancel,
@@ -37,7 +40,7 @@ from alignedserve.engine.kv_envelope import KvEnvelope
 from alignedserve.engine.kv_export import KvExport
 from alignedserve.engine.request import RequestError, RequestOutput
 from alignedserve.prefill.config import PrefillSettings
-from alignedserve.prefill.core import PrefillCore, Prefilled, Publish, Stage, hand_back
+from alignedserve.prefill.core import Intake, PrefillCore, Prefilled, Publish, Stage, hand_back
 from alignedserve.prefill.kv_io import PrefillKv
 from alignedserve.prefill.metrics import PrefillMetrics
 from alignedserve.service.compute_turns import compute_turns
@@ -51,6 +54,7 @@ from alignedserve.transfer.kv_store import StoreSink
 log = get_logger("alignedserve.prefill")
 POOL_RETRY_MAX_S = 2.0
 POOL_WAIT_S = 0.05  # poll for a kvpool's address (its heartbeat carries it)
+IDLE_INTAKE_POLL_S = 0.02  # an idle-intake worker asks the bus for a prompt this often while none comes
 
 
 class PrefillWorker:
@@ -76,12 +80,12 @@ class PrefillWorker:
             settings.max_prefill_tokens,
             settings.max_num_seqs,
             settings.max_queue,
+            Intake(settings.max_backlog_tokens, settings.intake == "idle"),
         )
         self.kv = PrefillKv(runtime.worker_id, endpoint, staging_sink)
         staging_sink.cancelled = self.core.ended  # a push of an ended request is not kept
         self._wake = asyncio.Event()
-        self._room = asyncio.Event()
-        self._room.set()
+        self._room = asyncio.Event()  # set whenever the prompts held here may have shrunk
         self._holding_drain = False  # queued and prefilling prompts count as in-flight work
         self._prefilling: dict[str, PrefillRequest] = {}  # in the engine, by id, until their first token
         self._handing_off: asyncio.Task[None] | None = None  # the last forward's KV hand-offs
@@ -92,6 +96,22 @@ class PrefillWorker:
 
     # --- prompts ---------------------------------------------------------------------------------------
 
+    def prompt_intake(self) -> ConsumerOptions:
+        """How the prompt subscription reads: only while this worker has room (`PrefillCore.has_room`),
+        one prompt a read where a limit applies, and by polling for an idle-intake worker."""
+        intake = self.core.intake
+        limited = intake.when_idle or intake.max_backlog_tokens is not None
+        options = ConsumerOptions(room=self.room_for_prompt)
+        if not limited:
+            return options
+        return dataclasses.replace(options, batch=1, poll_s=IDLE_INTAKE_POLL_S if intake.when_idle else None)
+
+    async def room_for_prompt(self) -> None:
+        """Until this worker takes another prompt: a full one leaves them to the other prefill workers."""
+        while not self.core.has_room(self._prefilling.values()):
+            self._room.clear()
+            await self._room.wait()
+
     async def on_prompt(self, message: Message, _delivery: Delivery) -> None:
         if not isinstance(message, PrefillRequest) or not self.core.is_new(message):
             return  # ended, or re-published / redelivered: prefilled once only
@@ -100,21 +120,20 @@ class PrefillWorker:
             await self._take_prompt(message)
 
     async def _take_prompt(self, message: PrefillRequest) -> None:
-        await self._room.wait()  # a full queue stops consumption: other prefill workers take the prompts
+        await self.room_for_prompt()  # a prompt read before the worker filled up waits here
         if self.runtime.drain.draining:  # acknowledged here, so hand it to another worker
             await self._publish([hand_back(message, time.time())])
             return
         self.core.take(message)
         self._hold_drain()
         self.metrics.queued.set(len(self.core.queue))
-        if self.core.full:
-            self._room.clear()
         self._wake.set()
 
     async def prefill_loop(self) -> None:
         while True:
             while not self.core.queue and not self._prefilling:
                 self._release_drain()
+                self._room.set()
                 self._wake.clear()
                 await self._wake.wait()
             if self.core.queue and self.runtime.drain.draining:  # not started: to the other workers
@@ -130,6 +149,7 @@ class PrefillWorker:
                     await self._forward()
                 except BusUnavailable as exc:  # its requests end at their gateway, which lost the bus too
                     log.warning("prefill_unpublished", error=str(exc))
+            self._room.set()  # prompts were admitted or prefilled: the intake looks again
 
     def _hold_drain(self) -> None:
         """Queued prompts are acknowledged on the bus already: a drain waits until they are prefilled."""

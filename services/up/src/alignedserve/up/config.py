@@ -42,8 +42,9 @@ class UpSettings(Settings):
         "auto",
         description="CPU engines on this machine's cores: shared (all on all cores), prefill-yields (shared,"
         " prefill niced), prefill-first (shared, decode steps wait for prefill forwards), split (each role on its own cores), split-spill (split, plus a prefill engine on the decode"
-        " cores); auto: the measured best for the engines' dtype"
-        " (docs/benchmarks.md)",
+        " cores that takes the prompts the prefill cores leave); auto: the measured best for the engines'"
+        " dtype and the CPU count (bfloat16: split-spill on 2 CPUs, split on more; float32: shared;"
+        " docs/benchmarks.md)",
     )
     metrics_base_port: int = Field(
         9100, ge=1, le=65535, description="first port of the workers' /health, /ready and /metrics"

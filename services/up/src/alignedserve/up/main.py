@@ -38,6 +38,10 @@ STOP_TIMEOUT_S = 30.0
 # The lock the engines of one stack share under the prefill-first layout (compute_turns), beside the logs:
 # each stack has its own log directory, and nothing is written to the file.
 PREFILL_FIRST_LOCK = "prefill-first.lock"
+# Under a layout with spill engines, the prefill workers on their own cores stop reading prompts while
+# they hold this many prompt tokens (one CPU forward's worth queued behind the one running), and a spill
+# engine, which reads only while it holds none, takes what they leave.
+SPILL_BACKLOG_TOKENS = 256
 
 
 @dataclass
@@ -85,14 +89,18 @@ def cpu_placements(cfg: UpSettings) -> dict[Role, list[str]]:
     roles: tuple[Role, ...] = ("prefill", "decode", "spill")
     if cfg.device != "cpu":
         return {role: [] for role in roles}
-    layout = layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device))
     cpus = sorted(os.sched_getaffinity(0))
+    layout = layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device), len(cpus))
     turns = (
         ["--prefill-first-lock", str(cfg.log_dir.resolve() / PREFILL_FIRST_LOCK)]
         if layout.prefill_first
         else []
     )
-    return {role: layout.place(role, cpus).engine_args() + turns for role in roles}
+    placed = {role: layout.place(role, cpus).engine_args() + turns for role in roles}
+    if layout.spill_workers:
+        placed["prefill"] += ["--max-backlog-tokens", str(SPILL_BACKLOG_TOKENS)]
+        placed["spill"] += ["--intake", "idle"]
+    return placed
 
 
 def service_cpus(cfg: UpSettings, argv: list[str]) -> tuple[int, ...]:
@@ -100,15 +108,17 @@ def service_cpus(cfg: UpSettings, argv: list[str]) -> tuple[int, ...]:
     service cores. () for an engine, which pins itself to its placement, and on GPUs."""
     if argv[0] in ENGINE_SERVICES or cfg.device != "cpu":
         return ()
-    layout = layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device))
-    return layout.place("service", sorted(os.sched_getaffinity(0))).cpus
+    cpus = sorted(os.sched_getaffinity(0))
+    layout = layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device), len(cpus))
+    return layout.place("service", cpus).cpus
 
 
 def spill_workers(cfg: UpSettings) -> int:
     """Prefill engines the CPU layout adds on the decode cores (none on GPUs)."""
     if cfg.device != "cpu":
         return 0
-    return layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device)).spill_workers
+    cpu_count = len(os.sched_getaffinity(0))
+    return layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device), cpu_count).spill_workers
 
 
 def ensure_broker(bus: str | None) -> tuple[embedded.EmbeddedBroker | None, str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -109,7 +110,8 @@ class StackLaunch:
     def metrics_urls(self, mode: StackMode) -> list[str]:
         """kvpool, batcher, the prefill and the decode workers, then the prefill workers the mode's CPU
         layout adds: `alignedserve up`'s port order."""
-        spill = layout_named(mode.cpu_layout, resolve_dtype(self.dtype, "cpu")).spill_workers
+        cpu_count = len(os.sched_getaffinity(0))
+        spill = layout_named(mode.cpu_layout, resolve_dtype(self.dtype, "cpu"), cpu_count).spill_workers
         count = 2 + self.prefill + self.decode + spill
         return [
             f"http://127.0.0.1:{p}/metrics"
