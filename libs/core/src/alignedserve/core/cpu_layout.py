@@ -161,7 +161,7 @@ LAYOUTS: dict[str, CpuLayout] = {
 # computing at nice 0, i.e. shared; niced for real, shared served 1.07x its tokens at 0.76x its TTFT.
 # `alignedserve up --cpu-layout` overrides it.
 AUTO_BY_DTYPE: dict[str, str] = {"bfloat16": "split", "float32": "shared"}
-# bfloat16 on two CPUs (one-thread engines on each side, as measured): split-spill, 1.11x / 1.12x split's
+# bfloat16 on two CPUs (one-thread engines on each side, as measured): split-spill, 1.11x / 1.13x split's
 # output tokens/s at 0.54x / 0.68x its mean TTFT (AVX-512 BF16 host, "A prefill engine that takes what
 # the prefill core leaves"). With more cores the spill engine's threads would share the decode cores
 # with decode's own, barriers and all, which is not measured: split there.
