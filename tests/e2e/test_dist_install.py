@@ -167,7 +167,7 @@ def test_alignedserve_up_from_the_installed_wheels_serves_a_chat(
     tmp_path: Path, dist_venv: Path, redis_url: str
 ) -> None:
     names = worker_names(1, 1)
-    base = free_port_block(len(names) + 1)
+    base = free_port_block(len(names) + 2)  # + a spill prefill worker, where the auto CPU layout adds one
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PATH=f"{dist_venv / 'bin'}:{env['PATH']}")
     cmd = [
