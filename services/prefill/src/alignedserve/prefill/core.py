@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -61,6 +62,11 @@ class Intake:
 
     max_backlog_tokens: int | None = None
     when_idle: bool = False
+
+    @property
+    def limited(self) -> bool:
+        """Whether anything but `max_queue` stops the reading (then the worker reads one prompt a time)."""
+        return self.when_idle or self.max_backlog_tokens is not None
 
 
 class LogprobLike(Protocol):
@@ -142,15 +148,15 @@ class PrefillCore:
         self.taken.add(request.request_id)
         self.queue.append(request)
 
-    def has_room(self, prefilling: Iterable[PrefillRequest]) -> bool:
+    def has_room(self, prefilling: Collection[PrefillRequest]) -> bool:
         """Whether to read another prompt, beside the queue and those in the engine (`prefilling`); what
         this worker does not read, the other prefill workers get."""
-        held = [*self.queue, *prefilling]
         if self.intake.when_idle:
-            return not held
+            return not self.queue and not prefilling
         if len(self.queue) >= self.max_queue:
             return False
         limit = self.intake.max_backlog_tokens
+        held = itertools.chain(self.queue, prefilling)
         return limit is None or sum(len(r.prompt_token_ids) for r in held) < limit
 
     def next_batch(self) -> list[PrefillRequest]:

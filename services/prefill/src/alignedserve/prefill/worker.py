@@ -20,7 +20,6 @@ bus and the heartbeat keep going during a forward pass.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 
 from alignedserve.bus import BusUnavailable, ConsumerOptions, Delivery
@@ -100,11 +99,10 @@ class PrefillWorker:
         """How the prompt subscription reads: only while this worker has room (`PrefillCore.has_room`),
         one prompt a read where a limit applies, and by polling for an idle-intake worker."""
         intake = self.core.intake
-        limited = intake.when_idle or intake.max_backlog_tokens is not None
-        options = ConsumerOptions(room=self.room_for_prompt)
-        if not limited:
-            return options
-        return dataclasses.replace(options, batch=1, poll_s=IDLE_INTAKE_POLL_S if intake.when_idle else None)
+        if not intake.limited:
+            return ConsumerOptions(room=self.room_for_prompt)
+        poll_s = IDLE_INTAKE_POLL_S if intake.when_idle else None
+        return ConsumerOptions(batch=1, room=self.room_for_prompt, poll_s=poll_s)
 
     async def room_for_prompt(self) -> None:
         """Until this worker takes another prompt: a full one leaves them to the other prefill workers."""

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from alignedserve.bus import embedded
 from alignedserve.core.config import mask_url_password, settings_or_exit_code
-from alignedserve.core.cpu_layout import Role, layout_named
+from alignedserve.core.cpu_layout import CpuLayout, Role, layout_named
 from alignedserve.engine.config import resolve_dtype
 from alignedserve.up.config import UpSettings
 from alignedserve.up.supervise import CrashLoop, Supervised, Supervisor
@@ -89,8 +89,7 @@ def cpu_placements(cfg: UpSettings) -> dict[Role, list[str]]:
     roles: tuple[Role, ...] = ("prefill", "decode", "spill")
     if cfg.device != "cpu":
         return {role: [] for role in roles}
-    cpus = sorted(os.sched_getaffinity(0))
-    layout = layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device), len(cpus))
+    layout, cpus = cpu_layout(cfg)
     turns = (
         ["--prefill-first-lock", str(cfg.log_dir.resolve() / PREFILL_FIRST_LOCK)]
         if layout.prefill_first
@@ -108,8 +107,7 @@ def service_cpus(cfg: UpSettings, argv: list[str]) -> tuple[int, ...]:
     service cores. () for an engine, which pins itself to its placement, and on GPUs."""
     if argv[0] in ENGINE_SERVICES or cfg.device != "cpu":
         return ()
-    cpus = sorted(os.sched_getaffinity(0))
-    layout = layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device), len(cpus))
+    layout, cpus = cpu_layout(cfg)
     return layout.place("service", cpus).cpus
 
 
@@ -117,8 +115,14 @@ def spill_workers(cfg: UpSettings) -> int:
     """Prefill engines the CPU layout adds on the decode cores (none on GPUs)."""
     if cfg.device != "cpu":
         return 0
-    cpu_count = len(os.sched_getaffinity(0))
-    return layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device), cpu_count).spill_workers
+    return cpu_layout(cfg)[0].spill_workers
+
+
+def cpu_layout(cfg: UpSettings) -> tuple[CpuLayout, list[int]]:
+    """The CPU layout the engines run under (`--cpu-layout`; auto by dtype and CPU count) and the CPUs
+    this process may run on, which the layout places the services on."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device), len(cpus)), cpus
 
 
 def ensure_broker(bus: str | None) -> tuple[embedded.EmbeddedBroker | None, str]:
