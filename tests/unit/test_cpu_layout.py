@@ -53,6 +53,9 @@ def test_only_prefill_yields_and_only_in_its_layout() -> None:
 def test_auto_is_the_layout_measured_for_the_engines_dtype_and_an_unknown_name_lists_the_choices() -> None:
     assert set(AUTO_BY_DTYPE) == set(DTYPES_BY_DEVICE["cpu"])  # a measured layout for each CPU dtype
     assert layout_named("auto", "bfloat16", 2) is LAYOUTS["split-spill"]  # as measured: one core a side
+    assert layout_named("auto", "bfloat16", 2, amx_tiles=True) is LAYOUTS["split-decode-alone"]
+    assert layout_named("auto", "bfloat16", 4, amx_tiles=True) is LAYOUTS["split"]
+    assert layout_named("auto", "float32", 2, amx_tiles=True) is LAYOUTS["shared"]
     assert layout_named("auto", "bfloat16", 4) is LAYOUTS["split"]
     assert layout_named("auto", "bfloat16", 1) is LAYOUTS["split"]  # one core: split places as shared
     assert layout_named("auto", "float32", 2) is LAYOUTS["shared"]
@@ -96,8 +99,22 @@ def test_split_spill_is_split_with_a_spill_prefill_engine_on_the_decode_cores(cp
 @given(cpu_sets)
 def test_the_other_services_run_beside_decode_and_are_never_niced(cpus: list[int]) -> None:
     for layout in LAYOUTS.values():
+        if layout.name == "split-decode-alone":
+            continue
         service, decode = layout.place("service", cpus), layout.place("decode", cpus)
         assert service.cpus == decode.cpus and service.nice == 0
+
+
+@given(cpu_sets)
+def test_split_decode_alone_is_split_with_the_other_services_beside_prefill(cpus: list[int]) -> None:
+    alone, split = LAYOUTS["split-decode-alone"], LAYOUTS["split"]
+    assert alone.spill_workers == 0 and not alone.prefill_first
+    for role in ("prefill", "decode"):
+        assert alone.place(role, cpus) == split.place(role, cpus)
+    service = alone.place("service", cpus)
+    assert service.cpus == split.place("prefill", cpus).cpus and service.nice == 0
+    if len(cpus) > 1:
+        assert not set(service.cpus) & set(alone.place("decode", cpus).cpus)
 
 
 @given(cpu_sets)

@@ -2,8 +2,9 @@
 matches `F.linear` within one bfloat16 step at every row count a tile specialization covers (1-12 rows,
 and balanced tiles beyond), over strided inputs and column ranges split across two threads. Behind the
 engine, decode forwards of two or more rows take it where the "cpu" decode backend runs, the linear
-kernel is "auto" and the CPU has no AMX tiles; one-row calls, prefill, an explicit linear kernel and AMX
-hosts keep the model's own."""
+kernel is "auto"; one-row calls, prefill and an explicit linear kernel keep the model's own. Where the CPU
+has AMX tiles and k is a multiple of 32 the tile kernel (`cpu_linear_amx.c`) computes it: the row counts
+here span one tile (16 rows) and more, and 576 / 1536 are such k."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _within_one_step(got: torch.Tensor, want: torch.Tensor) -> None:
     assert (got != want).float().mean() < 0.01
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 12, 13, 24, 25, 40])
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 12, 13, 16, 17, 24, 25, 40, 64])
 @pytest.mark.parametrize(("out_features", "in_features"), [(16, 2), (48, 576), (960, 576), (576, 1536)])
 def test_matches_f_linear_within_one_bfloat16_step(rows: int, out_features: int, in_features: int) -> None:
     generator = torch.Generator().manual_seed(rows * 7 + out_features)
@@ -99,10 +100,23 @@ def test_engine_decodes_through_it_and_prefills_through_its_own_kernel() -> None
 
 
 @pytest.mark.usefixtures("amx_host")
-def test_an_amx_host_keeps_the_models_linears_for_decode() -> None:
-    """On AMX tiles oneDNN's GEMM beats the C one: decode keeps the model's linears, C element-wise steps."""
+def test_an_amx_host_decodes_through_the_c_gemm_too() -> None:
+    """On AMX tiles the C GEMM runs its tile kernel: decode takes it and the C element-wise steps."""
     model = random_model(TINY_LLAMA_D64, seed=4).to(torch.bfloat16)
     engine = tiny_engine(model, dtype="bfloat16", decode_backend="cpu")
-    assert engine.runner.decode_model is not engine.runner.model
-    assert engine.runner.decode_model.linear is engine.runner.model.linear
+    assert engine.runner.decode_model.linear.name == "cpu"
+    assert engine.runner.model.linear.name != "cpu"
     assert engine.runner.decode_model.ops.name == "cpu"  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(cpu_linear.amx_library() is None, reason="needs a CPU with AMX bfloat16 tiles")
+def test_the_tile_kernel_takes_every_k_in_steps_of_32_and_the_avx512_one_the_rest() -> None:
+    amx, plain = cpu_linear.amx_library(), cpu_linear.library()
+    assert amx is not None
+    assert cpu_linear._gemm(576) == amx.linear_amx_bf16
+    assert cpu_linear._gemm(96) == amx.linear_amx_bf16
+    assert cpu_linear._gemm(80) == plain.linear_bf16  # not a multiple of 32
+    generator = torch.Generator().manual_seed(3)
+    weight = (torch.randn(80, 80, generator=generator) * 0.05).bfloat16()
+    x = torch.randn(17, 80, generator=generator).bfloat16()
+    _within_one_step(cpu_linear.linear(x, cpu_linear.pack(weight)), nn.functional.linear(x, weight))

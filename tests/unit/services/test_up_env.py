@@ -10,7 +10,7 @@ from typing import get_args
 import pytest
 
 from alignedserve.core.cpu_layout import LAYOUTS, layout_named
-from alignedserve.engine.config import resolve_dtype
+from alignedserve.engine.config import cpu_has_amx_bf16, resolve_dtype
 from alignedserve.up import main as up
 from alignedserve.up.config import UpSettings
 
@@ -49,7 +49,8 @@ def test_cpu_engines_get_their_layouts_placement_and_the_rest_none(monkeypatch: 
     assert split["decode-0"][-6:] == ["--num-threads", "2", "--cpus", "2,3", "--nice", "0"]
     assert "--cpus" not in split["gateway"] and "--cpus" not in split["batcher-0"]
     auto = commands(config())
-    expected = layout_named("auto", resolve_dtype("auto", "cpu"), 4)  # this host's dtype picks auto's layout
+    # this host's dtype and tiles pick auto's layout
+    expected = layout_named("auto", resolve_dtype("auto", "cpu"), 4, cpu_has_amx_bf16())
     assert auto["prefill-0"][-6:] == expected.place("prefill", [0, 1, 2, 3]).engine_args()
     assert auto["decode-0"][-6:] == expected.place("decode", [0, 1, 2, 3]).engine_args()
     gpu = commands(config("cuda"))
@@ -71,6 +72,20 @@ def test_split_spill_starts_a_second_prefill_worker_on_the_decode_cores_after_de
     assert started["prefill-1"][-2:] == ["--intake", "idle"]
     split = commands(up.parse_args(["--cpu-layout", "split", "--log-dir", "/tmp/unused"]))
     assert "--max-backlog-tokens" not in split["prefill-0"] and "--intake" not in split["prefill-0"]
+
+
+def test_split_decode_alone_pins_the_other_services_to_the_prefill_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
+    cfg = up.parse_args(["--cpu-layout", "split-decode-alone", "--log-dir", "/tmp/unused"])
+    started = commands(cfg)
+    assert started["prefill-0"][-6:-2] == ["--num-threads", "1", "--cpus", "0"]
+    assert started["decode-0"][-6:-2] == ["--num-threads", "1", "--cpus", "1"]
+    assert "prefill-1" not in started  # no spill engine
+    for name in ("gateway", "kvpool-0", "batcher-0"):
+        assert up.service_cpus(cfg, started[name]) == (0,)
+    assert up.service_cpus(cfg, started["decode-0"]) == ()  # an engine pins itself
 
 
 def test_prefill_first_gives_every_engine_one_lock_beside_the_logs_and_other_layouts_none(

@@ -150,8 +150,23 @@ class SplitSpill:
         return Split().place("decode" if role == "spill" else role, cpus)
 
 
+@dataclass(frozen=True, slots=True)
+class SplitDecodeAlone:
+    """As `split`, with the stack's other services (gateway, kvpool, batcher) on the prefill cores: the
+    decode engine has its cores to itself. For a host whose prefill engine leaves its cores time to spare
+    (AMX tiles: prefill was 35 % of its core under split) while decode's cores are the bottleneck."""
+
+    name: str = "split-decode-alone"
+    spill_workers: int = 0
+    prefill_first: bool = False
+
+    def place(self, role: Role, cpus: Sequence[int]) -> Placement:
+        return Split().place("prefill" if role == "service" else role, cpus)
+
+
 LAYOUTS: dict[str, CpuLayout] = {
-    layout.name: layout for layout in (Shared(), PrefillYields(), PrefillFirst(), Split(), SplitSpill())
+    layout.name: layout
+    for layout in (Shared(), PrefillYields(), PrefillFirst(), Split(), SplitSpill(), SplitDecodeAlone())
 }
 # The layout that served the most output tokens per second on the stack, interleaved against the others
 # (docs/benchmarks.md, "Engines sharing one machine's CPU"), by the dtype the CPU engines run (`--dtype
@@ -166,20 +181,24 @@ AUTO_BY_DTYPE: dict[str, str] = {"bfloat16": "split", "float32": "shared"}
 # the prefill core leaves"). With more cores the spill engine's threads would share the decode cores
 # with decode's own, barriers and all, which is not measured: split there.
 SPILL_AUTO = ("bfloat16", 2)  # (dtype, CPU count)
+# The same on a CPU with AMX tiles, where prefill computes on them and leaves its core time to spare:
+# split-decode-alone (docs/benchmarks.md, "Decode linears on AMX tiles").
+AMX_AUTO = "split-decode-alone"
 
 
-def auto_layout(dtype: str, cpu_count: int) -> str:
-    """The measured best layout for CPU engines running `dtype` on `cpu_count` CPUs (split for a dtype not
-    measured)."""
+def auto_layout(dtype: str, cpu_count: int, amx_tiles: bool = False) -> str:
+    """The measured best layout for CPU engines running `dtype` on `cpu_count` CPUs, `amx_tiles`: whether
+    the CPU has AMX bfloat16 tiles (split for a dtype not measured)."""
     if (dtype, cpu_count) == SPILL_AUTO:
-        return "split-spill"
+        return AMX_AUTO if amx_tiles else "split-spill"
     return AUTO_BY_DTYPE.get(dtype, "split")
 
 
-def layout_named(name: str, dtype: str, cpu_count: int) -> CpuLayout:
-    """`auto` (`auto_layout`: dtype, what the engines run, on this many CPUs) or a name of LAYOUTS;
-    ValueError naming the choices."""
-    return LAYOUTS[auto_layout(dtype, cpu_count) if check_layout(name) == "auto" else name]
+def layout_named(name: str, dtype: str, cpu_count: int, amx_tiles: bool = False) -> CpuLayout:
+    """`auto` (`auto_layout`: dtype, what the engines run, on this many CPUs, with or without AMX tiles)
+    or a name of LAYOUTS; ValueError naming the choices."""
+    auto = check_layout(name) == "auto"
+    return LAYOUTS[auto_layout(dtype, cpu_count, amx_tiles) if auto else name]
 
 
 def check_layout(name: str) -> str:

@@ -1,6 +1,6 @@
 """Building, loading and running this package's C kernels for CPUs with AVX-512 BF16.
 
-Each kernel library is one C source next to this file (`cpu_attention.c`, `cpu_linear.c`), compiled once
+Each kernel library is one C source next to this file (`cpu_attention.c`, `cpu_linear.c`, ...), compiled once
 per host with the system C compiler (`cc`, or $CC) into `$ALIGNEDSERVE_CACHE_DIR/kernels/` (default
 `~/.cache/alignedserve`), keyed by the source, the flags and the compiler; `ctypes` loads it and releases
 the GIL for every call. No compiler, a CPU without AVX-512 BF16, or a cache directory that cannot be
@@ -33,6 +33,10 @@ COMPILE_FLAGS = (
     *("-O3", "-std=gnu11", "-fPIC", "-ffast-math"),
     *("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"),
 )
+# Sources that need more than AVX-512 BF16: their extra compile flags and the CPU flags those need.
+EXTRA_BY_SOURCE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
+    "cpu_linear_amx.c": (("-mamx-tile", "-mamx-bf16"), frozenset({"amx_tile", "amx_bf16"})),
+}
 I64, PTR = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -64,7 +68,8 @@ def bound(source_name: str, signatures: dict[str, list[Any]]) -> ctypes.CDLL:
 def compiled(source_name: str) -> ctypes.CDLL:
     """The library built from `source_name` (a C file beside this module) on first use; KernelUnavailable
     says why not."""
-    missing = REQUIRED_FLAGS - host_cpu_flags()
+    extra_flags, extra_cpu_flags = EXTRA_BY_SOURCE.get(source_name, ((), frozenset()))
+    missing = (REQUIRED_FLAGS | extra_cpu_flags) - host_cpu_flags()
     if missing:
         raise KernelUnavailable(f"this CPU lacks {', '.join(sorted(missing))}")
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -72,16 +77,23 @@ def compiled(source_name: str) -> ctypes.CDLL:
         raise KernelUnavailable("no C compiler (cc or $CC) to build it")
     try:
         return ctypes.CDLL(
-            str(_build(Path(__file__).with_name(source_name), compiler, cache_root() / "kernels"))
+            str(
+                _build(
+                    Path(__file__).with_name(source_name),
+                    compiler,
+                    cache_root() / "kernels",
+                    (*COMPILE_FLAGS, *extra_flags),
+                )
+            )
         )
     except OSError as exc:  # a read-only cache directory, a compiler that does not run, a bad library
         raise KernelUnavailable(f"building or loading it failed: {exc}") from exc
 
 
-def _build(source: Path, compiler: str, directory: Path) -> Path:
+def _build(source: Path, compiler: str, directory: Path, flags: tuple[str, ...]) -> Path:
     """The shared library for this source, flags and compiler: built unless already there."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
-    key = hashlib.sha256(repr((source.read_bytes(), COMPILE_FLAGS, version)).encode()).hexdigest()
+    key = hashlib.sha256(repr((source.read_bytes(), flags, version)).encode()).hexdigest()
     path = directory / f"{source.stem}-{key[:16]}.so"
     if path.exists():
         return path
@@ -89,7 +101,7 @@ def _build(source: Path, compiler: str, directory: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=directory) as scratch:
         obj, lib = Path(scratch) / f"{source.stem}.o", Path(scratch) / path.name
         for command in (
-            [compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)],
+            [compiler, *flags, "-c", str(source), "-o", str(obj)],
             [compiler, "-shared", str(obj), "-o", str(lib), "-lm"],
         ):
             done = subprocess.run(command, capture_output=True, text=True, check=False)

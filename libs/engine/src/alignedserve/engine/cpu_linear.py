@@ -1,4 +1,5 @@
-"""bfloat16 linear layers through a C kernel (`cpu_linear.c`) for decode on CPUs with AVX-512 BF16.
+"""bfloat16 linear layers through a C kernel for decode on CPUs with AVX-512 BF16 (`cpu_linear.c`), on
+AMX tiles where the CPU has them (`cpu_linear_amx.c`: the same packed weight, k a multiple of 32).
 
 At decode's few rows oneDNN's bfloat16 GEMM on such a CPU (without AMX) neither streams the weights at
 memory speed nor reaches the core's vdpbf16ps rate: over SmolLM2's projections, one thread, it took 24.7
@@ -8,9 +9,12 @@ row's accumulators in registers, and prefetches the next columns into L2. Each w
 concatenated, as `PackedCpuLinear` does) is packed once per loaded model into the layout the
 instruction reads.
 
-The engine uses it for decode forwards where the "cpu" decode backend runs on a CPU without AMX tiles
-(`engine._decode_linears`: on the tiles oneDNN's GEMM is faster), for MIN_ROWS .. MAX_ROWS rows; other
-calls go to `small` (the model's own kernel). One row stays there for the accuracy contract: the kernel
+On AMX tiles oneDNN's GEMM beat the AVX-512 kernel, but at decode's rows it streams the weights at ~9
+GB/s: SmolLM2's projections took 29-30 ms at 2-16 rows, one thread, against the tile kernel's 19-22 ms
+(docs/benchmarks.md, "Decode linears on AMX tiles").
+
+The engine uses it for decode forwards where the "cpu" decode backend runs (`engine._decode_linears`),
+for MIN_ROWS .. MAX_ROWS rows; other calls go to `small` (the model's own kernel). One row stays there for the accuracy contract: the kernel
 sums in another order than oneDNN, so ~0.005 % of its outputs differ from transformers' by one bfloat16
 step.
 """
@@ -42,15 +46,33 @@ def kernel_available() -> bool:
     return available(library)
 
 
+LINEAR_ARGS = [PTR, I64, PTR, PTR, I64, I64, I64, I64, I64]  # x, ldx, packed, out, ldo, rows, k, first, last
+AMX_K = 32  # the tile kernel's k step
+
+
 @functools.cache
 def library() -> ctypes.CDLL:
-    return bound(
-        "cpu_linear.c",
-        {
-            "pack_weight_bf16": [PTR, PTR, I64, I64],
-            "linear_bf16": [PTR, I64, PTR, PTR, I64, I64, I64, I64, I64],
-        },
-    )
+    return bound("cpu_linear.c", {"pack_weight_bf16": [PTR, PTR, I64, I64], "linear_bf16": LINEAR_ARGS})
+
+
+@functools.cache
+def amx_library() -> ctypes.CDLL | None:
+    """The tile kernel, where the CPU has AMX bfloat16 and Linux grants this process tile data; else None."""
+    try:
+        amx = bound("cpu_linear_amx.c", {"amx_permit": [], "linear_amx_bf16": LINEAR_ARGS})
+    except KernelUnavailable:
+        return None
+    return amx if amx.amx_permit() == 0 else None
+
+
+def _gemm(in_features: int) -> Callable[..., int]:
+    """The tile kernel where it runs and takes k, else the AVX-512 one (both read the same packed weight)."""
+    amx = amx_library()
+    if amx is not None and in_features % AMX_K == 0:
+        function: Callable[..., int] = amx.linear_amx_bf16
+        return function
+    plain: Callable[..., int] = library().linear_bf16
+    return plain
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -82,9 +104,7 @@ def linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         rows,
         in_features,
     )
-    run_split(
-        library().linear_bf16, arguments, packed.shape[0] // COLUMN_BLOCK, f"a linear of {tuple(x.shape)}"
-    )
+    run_split(_gemm(in_features), arguments, packed.shape[0] // COLUMN_BLOCK, f"a linear of {tuple(x.shape)}")
     return out
 
 

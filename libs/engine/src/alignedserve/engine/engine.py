@@ -458,10 +458,11 @@ def _decode_model(model: PagedModel, hf_model: Any, decode_backend: str, linear:
 
 
 def _decode_linears(model: PagedModel, hf_model: Any) -> PagedModel:
-    """The C GEMM (`cpu_linear`) where the CPU has AVX-512 BF16 but no AMX tiles; where it has them,
-    oneDNN's GEMM computes on the tiles and keeps `model`'s linears: a decode step of 13 rows ran 1.3-1.5x
-    faster with it than with the C GEMM (docs/benchmarks.md, "The C decode path on AMX")."""
-    if cpu_has_amx_bf16() or not cpu_linear.kernel_available():
+    """The C GEMM (`cpu_linear`: on AMX tiles where the CPU has them, else AVX-512 BF16). On AMX hosts
+    oneDNN's GEMM had beaten the AVX-512 one, 1.3-1.5x at 13 rows ("The C decode path on AMX"); the tile
+    kernel beats oneDNN, 1.4-1.5x over SmolLM2's projections at 2-16 rows (docs/benchmarks.md, "Decode
+    linears on AMX tiles")."""
+    if not cpu_linear.kernel_available():
         return model
     packed = functools.partial(packed_weights, hf_model, linear_groups(hf_model))  # at the first decode
     return with_linear(model, CpuKernelLinear(packed, model.linear))

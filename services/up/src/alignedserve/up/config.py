@@ -38,12 +38,16 @@ class UpSettings(Settings):
         description="engines: auto (each engine picks bfloat16 where its device computes it natively,"
         " float32 elsewhere), float32 or bfloat16 (cpu); float16 or bfloat16 (cuda)",
     )
-    cpu_layout: Literal["auto", "shared", "prefill-yields", "prefill-first", "split", "split-spill"] = Field(
+    cpu_layout: Literal[
+        "auto", "shared", "prefill-yields", "prefill-first", "split", "split-spill", "split-decode-alone"
+    ] = Field(
         "auto",
         description="CPU engines on this machine's cores: shared (all on all cores), prefill-yields (shared,"
-        " prefill niced), prefill-first (shared, decode steps wait for prefill forwards), split (each role on its own cores), split-spill (split, plus a prefill engine on the decode"
-        " cores that takes the prompts the prefill cores leave); auto: the measured best for the engines'"
-        " dtype and the CPU count (bfloat16: split-spill on 2 CPUs, split on more; float32: shared;"
+        " prefill niced), prefill-first (shared, decode steps wait for prefill forwards), split (each role"
+        " on its own cores), split-spill (split, plus a prefill engine on the decode cores that takes the"
+        " prompts the prefill cores leave), split-decode-alone (split, the other services on the prefill"
+        " cores); auto: the measured best for the engines' dtype, the CPU count and AMX tiles (bfloat16 on"
+        " 2 CPUs: split-decode-alone with AMX tiles, split-spill without; on more: split; float32: shared;"
         " docs/benchmarks.md)",
     )
     metrics_base_port: int = Field(

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from alignedserve.bus import embedded
 from alignedserve.core.config import mask_url_password, settings_or_exit_code
 from alignedserve.core.cpu_layout import CpuLayout, Role, layout_named
-from alignedserve.engine.config import resolve_dtype
+from alignedserve.engine.config import cpu_has_amx_bf16, resolve_dtype
 from alignedserve.up.config import UpSettings
 from alignedserve.up.supervise import CrashLoop, Supervised, Supervisor
 
@@ -122,7 +122,8 @@ def cpu_layout(cfg: UpSettings) -> tuple[CpuLayout, list[int]]:
     """The CPU layout the engines run under (`--cpu-layout`; auto by dtype and CPU count) and the CPUs
     this process may run on, which the layout places the services on."""
     cpus = sorted(os.sched_getaffinity(0))
-    return layout_named(cfg.cpu_layout, resolve_dtype(cfg.dtype, cfg.device), len(cpus)), cpus
+    dtype = resolve_dtype(cfg.dtype, cfg.device)
+    return layout_named(cfg.cpu_layout, dtype, len(cpus), cpu_has_amx_bf16()), cpus
 
 
 def ensure_broker(bus: str | None) -> tuple[embedded.EmbeddedBroker | None, str]:

@@ -42,7 +42,7 @@ from alignedserve.bench.e2e.runs import (
 )
 from alignedserve.bench.e2e.servers import ServerProcess, ServerStartError, free_port
 from alignedserve.core.cpu_layout import check_layout, layout_named
-from alignedserve.engine.config import resolve_dtype
+from alignedserve.engine.config import cpu_has_amx_bf16, resolve_dtype
 from alignedserve.loadgen.records import RequestRecord
 from alignedserve.loadgen.scrape import busy_shares, counter_delta, decode_stats, prefill_stats, scrape
 
@@ -111,7 +111,8 @@ class StackLaunch:
         """kvpool, batcher, the prefill and the decode workers, then the prefill workers the mode's CPU
         layout adds: `alignedserve up`'s port order."""
         cpu_count = len(os.sched_getaffinity(0))
-        spill = layout_named(mode.cpu_layout, resolve_dtype(self.dtype, "cpu"), cpu_count).spill_workers
+        dtype = resolve_dtype(self.dtype, "cpu")
+        spill = layout_named(mode.cpu_layout, dtype, cpu_count, cpu_has_amx_bf16()).spill_workers
         count = 2 + self.prefill + self.decode + spill
         return [
             f"http://127.0.0.1:{p}/metrics"
