@@ -154,7 +154,9 @@ class SplitSpill:
 class SplitDecodeAlone:
     """As `split`, with the stack's other services (gateway, kvpool, batcher) on the prefill cores: the
     decode engine has its cores to itself. For a host whose prefill engine leaves its cores time to spare
-    (AMX tiles: prefill was 35 % of its core under split) while decode's cores are the bottleneck."""
+    (AMX tiles: prefill took 35 % of its core under split-spill) while decode's cores are the bottleneck:
+1.23x / 1.25x split-spill's output tokens/s at 2.5x its mean TTFT (docs/benchmarks.md, "The decode
+engine alone on its core")."""
 
     name: str = "split-decode-alone"
     spill_workers: int = 0
@@ -182,7 +184,7 @@ AUTO_BY_DTYPE: dict[str, str] = {"bfloat16": "split", "float32": "shared"}
 # with decode's own, barriers and all, which is not measured: split there.
 SPILL_AUTO = ("bfloat16", 2)  # (dtype, CPU count)
 # The same on a CPU with AMX tiles, where prefill computes on them and leaves its core time to spare:
-# split-decode-alone (docs/benchmarks.md, "Decode linears on AMX tiles").
+# split-decode-alone (docs/benchmarks.md, "The decode engine alone on its core").
 AMX_AUTO = "split-decode-alone"
 
 
