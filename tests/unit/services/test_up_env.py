@@ -57,12 +57,17 @@ def test_cpu_engines_get_their_layouts_placement_and_the_rest_none(monkeypatch: 
     assert "--cpus" not in gpu["decode-0"] and "--num-threads" not in gpu["prefill-0"]
 
 
+def on_two_cpus(monkeypatch: pytest.MonkeyPatch, layout: str) -> tuple[UpSettings, dict[str, list[str]]]:
+    """`up`'s settings under `--cpu-layout layout` on a 2-CPU host, and the commands it starts."""
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
+    cfg = up.parse_args(["--cpu-layout", layout, "--log-dir", "/tmp/unused"])
+    return cfg, commands(cfg)
+
+
 def test_split_spill_starts_a_second_prefill_worker_on_the_decode_cores_after_decode(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
-    cfg = up.parse_args(["--cpu-layout", "split-spill", "--log-dir", "/tmp/unused"])
-    started = commands(cfg)
+    cfg, started = on_two_cpus(monkeypatch, "split-spill")
     assert started["prefill-0"][-8:-4] == ["--num-threads", "1", "--cpus", "0"]
     assert started["prefill-1"][-8:-4] == started["decode-0"][-6:-2] == ["--num-threads", "1", "--cpus", "1"]
     order = [name for name, _, _ in up.service_commands(cfg, "redis://127.0.0.1:6379/0")]
@@ -70,16 +75,14 @@ def test_split_spill_starts_a_second_prefill_worker_on_the_decode_cores_after_de
     # the prefill core leaves prompts on the bus beyond a forward's worth; the spill engine takes those
     assert started["prefill-0"][-2:] == ["--max-backlog-tokens", str(up.SPILL_BACKLOG_TOKENS)]
     assert started["prefill-1"][-2:] == ["--intake", "idle"]
-    split = commands(up.parse_args(["--cpu-layout", "split", "--log-dir", "/tmp/unused"]))
+    split = on_two_cpus(monkeypatch, "split")[1]
     assert "--max-backlog-tokens" not in split["prefill-0"] and "--intake" not in split["prefill-0"]
 
 
 def test_split_decode_alone_pins_the_other_services_to_the_prefill_core(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
-    cfg = up.parse_args(["--cpu-layout", "split-decode-alone", "--log-dir", "/tmp/unused"])
-    started = commands(cfg)
+    cfg, started = on_two_cpus(monkeypatch, "split-decode-alone")
     assert started["prefill-0"][-6:-2] == ["--num-threads", "1", "--cpus", "0"]
     assert started["decode-0"][-6:-2] == ["--num-threads", "1", "--cpus", "1"]
     assert "prefill-1" not in started  # no spill engine

@@ -153,8 +153,8 @@ class SplitSpill:
 @dataclass(frozen=True, slots=True)
 class SplitDecodeAlone:
     """As `split`, with the stack's other services (gateway, kvpool, batcher) on the prefill cores: the
-        decode engine has its cores to itself. For a host whose prefill engine leaves its cores time to spare
-        (AMX tiles: prefill took 35 % of its core under split-spill) while decode's cores are the bottleneck:
+    decode engine has its cores to itself. For a host whose prefill engine leaves its cores time to spare
+    (AMX tiles: prefill took 35 % of its core under split-spill) while decode's cores are the bottleneck:
     1.23x / 1.25x split-spill's output tokens/s at 2.5x its mean TTFT (docs/benchmarks.md, "The decode
     engine alone on its core")."""
 

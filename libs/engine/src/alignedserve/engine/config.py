@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from alignedserve.core.cpu_layout import CpuLayout, layout_named
 
 DTYPES_BY_DEVICE: dict[str, tuple[str, ...]] = {
     "cpu": ("float32", "bfloat16"),
@@ -63,6 +66,13 @@ def native_cpu_bfloat16() -> bool:
 def cpu_has_amx_bf16() -> bool:
     """Whether this host's CPU has AMX bfloat16 tiles (read once: decode attention asks every layer)."""
     return "amx_bf16" in host_cpu_flags()
+
+
+def host_cpu_layout(name: str, dtype: str) -> tuple[CpuLayout, list[int]]:
+    """The CPU layout `name` means on this host for CPU engines running `dtype` ("auto" resolved here):
+    `auto` by the dtype, the number of CPUs this process may run on and AMX tiles; with those CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return layout_named(name, resolve_dtype(dtype, "cpu"), len(cpus), cpu_has_amx_bf16()), cpus
 
 
 def host_cpu_flags() -> frozenset[str]:

@@ -14,9 +14,9 @@ GB/s: SmolLM2's projections took 29-30 ms at 2-16 rows, one thread, against the 
 (docs/benchmarks.md, "Decode linears on AMX tiles").
 
 The engine uses it for decode forwards where the "cpu" decode backend runs (`engine._decode_linears`),
-for MIN_ROWS .. MAX_ROWS rows; other calls go to `small` (the model's own kernel). One row stays there for the accuracy contract: the kernel
-sums in another order than oneDNN, so ~0.005 % of its outputs differ from transformers' by one bfloat16
-step.
+for MIN_ROWS .. MAX_ROWS rows; other calls go to `small` (the model's own kernel). One row stays there
+for the accuracy contract: the kernel sums in another order than oneDNN, so ~0.005 % of its outputs
+differ from transformers' by one bfloat16 step.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import ctypes
 import functools
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -69,10 +69,8 @@ def _gemm(in_features: int) -> Callable[..., int]:
     """The tile kernel where it runs and takes k, else the AVX-512 one (both read the same packed weight)."""
     amx = amx_library()
     if amx is not None and in_features % AMX_K == 0:
-        function: Callable[..., int] = amx.linear_amx_bf16
-        return function
-    plain: Callable[..., int] = library().linear_bf16
-    return plain
+        return cast(Callable[..., int], amx.linear_amx_bf16)
+    return cast(Callable[..., int], library().linear_bf16)
 
 
 def packable(weight: torch.Tensor) -> bool:

@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 
 from alignedserve.bus import embedded
 from alignedserve.core.config import mask_url_password, settings_or_exit_code
-from alignedserve.core.cpu_layout import CpuLayout, Role, layout_named
-from alignedserve.engine.config import cpu_has_amx_bf16, resolve_dtype
+from alignedserve.core.cpu_layout import CpuLayout, Role
+from alignedserve.engine.config import host_cpu_layout
 from alignedserve.up.config import UpSettings
 from alignedserve.up.supervise import CrashLoop, Supervised, Supervisor
 
@@ -119,11 +119,9 @@ def spill_workers(cfg: UpSettings) -> int:
 
 
 def cpu_layout(cfg: UpSettings) -> tuple[CpuLayout, list[int]]:
-    """The CPU layout the engines run under (`--cpu-layout`; auto by dtype and CPU count) and the CPUs
-    this process may run on, which the layout places the services on."""
-    cpus = sorted(os.sched_getaffinity(0))
-    dtype = resolve_dtype(cfg.dtype, cfg.device)
-    return layout_named(cfg.cpu_layout, dtype, len(cpus), cpu_has_amx_bf16()), cpus
+    """The CPU layout the engines run under (`--cpu-layout`; auto by dtype, CPU count and AMX tiles) and
+    the CPUs this process may run on, which the layout places the services on."""
+    return host_cpu_layout(cfg.cpu_layout, cfg.dtype)
 
 
 def ensure_broker(bus: str | None) -> tuple[embedded.EmbeddedBroker | None, str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -41,8 +40,8 @@ from alignedserve.bench.e2e.runs import (
     select_workloads,
 )
 from alignedserve.bench.e2e.servers import ServerProcess, ServerStartError, free_port
-from alignedserve.core.cpu_layout import check_layout, layout_named
-from alignedserve.engine.config import cpu_has_amx_bf16, resolve_dtype
+from alignedserve.core.cpu_layout import check_layout
+from alignedserve.engine.config import host_cpu_layout
 from alignedserve.loadgen.records import RequestRecord
 from alignedserve.loadgen.scrape import busy_shares, counter_delta, decode_stats, prefill_stats, scrape
 
@@ -110,9 +109,7 @@ class StackLaunch:
     def metrics_urls(self, mode: StackMode) -> list[str]:
         """kvpool, batcher, the prefill and the decode workers, then the prefill workers the mode's CPU
         layout adds: `alignedserve up`'s port order."""
-        cpu_count = len(os.sched_getaffinity(0))
-        dtype = resolve_dtype(self.dtype, "cpu")
-        spill = layout_named(mode.cpu_layout, dtype, cpu_count, cpu_has_amx_bf16()).spill_workers
+        spill = host_cpu_layout(mode.cpu_layout, self.dtype)[0].spill_workers
         count = 2 + self.prefill + self.decode + spill
         return [
             f"http://127.0.0.1:{p}/metrics"
