@@ -8,11 +8,16 @@ no service: a command's module is imported only when it runs.
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 
 GROUP = "alignedserve.commands"
+# `kill -USR1 PID` writes every thread's Python stack to the service's stderr (its log) and lets it run
+# on: how a service that hangs is diagnosed where no debugger or py-spy is installed (docs/runbooks).
+STACK_DUMP_SIGNAL = signal.SIGUSR1
 
 
 def commands() -> dict[tuple[str, ...], EntryPoint]:
@@ -37,6 +42,10 @@ def resolve(
     return None
 
 
+def install_stack_dump() -> None:
+    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     known = commands()
@@ -46,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage(known), file=sys.stdout if asked_help else sys.stderr)
         return 0 if asked_help else 2
     entry, rest = found
+    install_stack_dump()
     run: Callable[[list[str]], int] = entry.load()
     return run(rest)
 

@@ -8,6 +8,7 @@ and on Ctrl-C (or SIGTERM) drains and stops them in reverse order.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import signal
@@ -22,6 +23,7 @@ from types import FrameType
 from urllib.parse import urlsplit
 
 from alignedserve.bus import embedded
+from alignedserve.core.cli import STACK_DUMP_SIGNAL
 from alignedserve.core.config import mask_url_password, settings_or_exit_code
 from alignedserve.core.cpu_layout import CpuLayout, Role
 from alignedserve.engine.config import host_cpu_layout
@@ -186,8 +188,18 @@ def wait_ready(children: list[Child], timeout_s: float) -> None:
             if is_ready(child.ready_url):
                 pending.remove(child)
         if time.monotonic() > deadline:
-            raise TimeoutError(f"not ready after {timeout_s:.0f}s: {', '.join(c.name for c in pending)}")
+            names = ", ".join(c.name for c in pending)
+            raise TimeoutError(f"not ready after {timeout_s:.0f}s: {names}\n{_stacks_of(pending)}")
         time.sleep(0.5)
+
+
+def _stacks_of(children: list[Child]) -> str:
+    """Each child's name and the tail of its log after it was asked for its threads' stacks."""
+    for child in children:
+        with contextlib.suppress(ProcessLookupError):
+            child.process.send_signal(STACK_DUMP_SIGNAL)
+    time.sleep(1.0)  # the dump is written by the child's own faulthandler
+    return "\n".join(f"--- {c.name}:\n{c.log_path.read_text(errors='replace')[-6000:]}" for c in children)
 
 
 def stop_all(children: list[Child]) -> None:
