@@ -134,7 +134,7 @@ class Split:
 class SplitSpill:
     """As `split`, plus one more prefill engine on the decode cores at the same priority, which takes only
     the prompts the prefill cores leave: `alignedserve up` has the prefill workers there stop reading
-    prompts while they hold a forward's worth (`--max-backlog-tokens`) and the spill engine read one
+    prompts while they hold four forwards' worth (`--max-backlog-tokens`) and the spill engine read one
     prompt at a time, only while it holds none, polling the bus instead of waiting on it (`--intake
     idle`). A prompt waits for the prefill cores' backlog, not behind it, and decode steps share their
     cores only while there is one; no OpenMP barrier spans the two halves (each engine's threads stay on

@@ -41,9 +41,12 @@ STOP_TIMEOUT_S = 30.0
 # each stack has its own log directory, and nothing is written to the file.
 PREFILL_FIRST_LOCK = "prefill-first.lock"
 # Under a layout with spill engines, the prefill workers on their own cores stop reading prompts while
-# they hold this many prompt tokens (one CPU forward's worth queued behind the one running), and a spill
-# engine, which reads only while it holds none, takes what they leave.
-SPILL_BACKLOG_TOKENS = 256
+# they hold this many prompt tokens (four CPU forwards' worth, queued and prefilling), and a spill engine,
+# which reads only while it holds none, takes what they leave. The spill engine prefills at ~0.4x the
+# prefill core's speed and slows decode steps meanwhile, so it pays only behind a long backlog: 1,024
+# served 1.11x / 1.05x the output tokens/s of 256 (Azure trace / 95 %-short mix; docs/benchmarks.md, "How
+# much the prefill core holds before the spill engine takes a prompt").
+SPILL_BACKLOG_TOKENS = 1024
 
 
 @dataclass
