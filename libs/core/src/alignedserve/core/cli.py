@@ -8,7 +8,9 @@ no service: a command's module is imported only when it runs.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import io
 import signal
 import sys
 from collections.abc import Callable
@@ -43,7 +45,9 @@ def resolve(
 
 
 def install_stack_dump() -> None:
-    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
+    """Skipped where stderr has no file descriptor (`main` called in-process with its output captured)."""
+    with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
+        faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
 
 
 def main(argv: list[str] | None = None) -> int:
