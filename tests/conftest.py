@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
+from leftovers import mark_this_run, stop_leftovers
 
 from alignedserve.bus.embedded import redis_answers, start_kafka, start_redis
 
@@ -22,6 +23,16 @@ if not os.path.exists("/dev/nvidiactl"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Stop what an earlier, killed run left running (leftovers.py); mark what this run starts."""
+    stopped = stop_leftovers()
+    if stopped:
+        print(f"stopped {len(stopped)} processes an earlier test run left running: {stopped}")
+    mark_this_run()
+
+
 # test-speed group settings: the defaults (6 s session, 30 s reclaim idle) suit production
 KAFKA_TEST_OPTIONS = "session_timeout_ms=1000&heartbeat_interval_ms=200&rebalance_timeout_ms=1000&poll_ms=100"
 REDIS_TEST_OPTIONS = "claim_idle_ms=500&claim_interval_ms=200&block_ms=200"
