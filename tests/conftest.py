@@ -23,6 +23,9 @@ if not os.path.exists("/dev/nvidiactl"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# test-speed group settings: the defaults (6 s session, 30 s reclaim idle) suit production
+KAFKA_TEST_OPTIONS = "session_timeout_ms=1000&heartbeat_interval_ms=200&rebalance_timeout_ms=1000&poll_ms=100"
+REDIS_TEST_OPTIONS = "claim_idle_ms=500&claim_interval_ms=200&block_ms=200"
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -31,11 +34,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if stopped:
         print(f"stopped {len(stopped)} processes an earlier test run left running: {stopped}")
     mark_this_run()
-
-
-# test-speed group settings: the defaults (6 s session, 30 s reclaim idle) suit production
-KAFKA_TEST_OPTIONS = "session_timeout_ms=1000&heartbeat_interval_ms=200&rebalance_timeout_ms=1000&poll_ms=100"
-REDIS_TEST_OPTIONS = "claim_idle_ms=500&claim_interval_ms=200&block_ms=200"
 
 
 def with_options(url: str, options: str) -> str:

@@ -37,13 +37,12 @@ def stop_leftovers() -> list[int]:
     """SIGKILL every leftover (SIGCONT first: a paused process is resumed, so nothing stays stopped)."""
     stopped = []
     for pid in leftovers_of_ended_runs():
-        for signum in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.kill(pid, signum)
-            except (ProcessLookupError, PermissionError):
-                break
-        else:
-            stopped.append(pid)
+        try:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # gone meanwhile, or another user's
+            continue
+        stopped.append(pid)
     return stopped
 
 
