@@ -1,7 +1,9 @@
 """A Llama layer's element-wise steps in C (`cpu_ops`), built with this host's C compiler, against the torch
-formulations the model runs otherwise (`TorchLayerOps`, transformers' bit for bit): the residual sum and
-the rotary positions are equal bit for bit, the RMSNorm within one bfloat16 step and the gated SiLU within two
-(their float32 sum and expf may differ by an ulp). One row, and inputs the kernels do not take, go to torch."""
+formulations the model runs otherwise (`TorchLayerOps`, transformers' bit for bit): the residual sum, the
+RMSNorm (its squares added in the order torch's row sum adds them) and the rotary positions are equal bit
+for bit, the gated SiLU within two bfloat16 steps (its expf may differ by an ulp). `ExactCpuLayerOps`, the
+prefill's, runs only the bit-exact ones, and a prefill forward through it is torch's bit for bit. One row,
+and inputs the kernels do not take, go to torch."""
 
 from __future__ import annotations
 
@@ -32,17 +34,34 @@ class _Norm(torch.nn.Module):  # the attributes transformers' LlamaRMSNorm has
         self.variance_epsilon = 1e-5
 
 
-@pytest.mark.parametrize("rows", [2, 3, 13, 64])
+@pytest.mark.parametrize(
+    ("rows", "hidden"), [(2, 576), (3, 576), (13, 576), (64, 576), (256, 4096), (7, 8192)]
+)
 @pytest.mark.parametrize("with_delta", [False, True])
-def test_add_rms_norm_matches_torch(rows: int, with_delta: bool) -> None:
+def test_add_rms_norm_is_torchs_bit_for_bit(rows: int, hidden: int, with_delta: bool) -> None:
     generator = torch.Generator().manual_seed(rows)
-    norm = _Norm(576, generator)
-    h = (torch.randn(rows, 576, generator=generator) * 3).bfloat16()
-    delta = torch.randn(rows, 576, generator=generator).bfloat16() if with_delta else None
+    norm = _Norm(hidden, generator)
+    h = (torch.randn(rows, hidden, generator=generator) * 3).bfloat16()
+    delta = torch.randn(rows, hidden, generator=generator).bfloat16() if with_delta else None
     want_h, want = TORCH.add_rms_norm(norm, h.clone(), delta)
     got_h, got = cpu_ops.CpuLayerOps(silu=True).add_rms_norm(norm, h, delta)
     assert torch.equal(got_h, want_h)
-    _within_steps(got, want)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("n", [64, 576, 2048, 8192])  # 8,192 floats: the sum's cascade of levels
+def test_row_sums_add_in_torchs_order(n: int) -> None:
+    lanes = cpu_ops.aten_sum_lanes()
+    assert lanes in cpu_ops.SUM_LANES
+    x = torch.randn(200, n, generator=torch.Generator().manual_seed(n)) * 5
+    assert torch.equal(cpu_ops._c_row_sums(x, lanes), x.sum(-1))
+    other = next(w for w in cpu_ops.SUM_LANES if w != lanes)
+    assert not torch.equal(cpu_ops._c_row_sums(x, other), x.sum(-1))  # the order is what makes it equal
+
+
+def test_the_start_check_finds_the_c_steps_equal_to_torchs() -> None:
+    assert cpu_ops.first_mismatch(cpu_ops.CpuLayerOps(silu=True), 576, 64) is None
+    assert cpu_ops.first_mismatch(cpu_ops.CpuLayerOps(silu=True), 4096, 128, seed=3) is None
 
 
 @pytest.mark.parametrize("dim", [64, 128])
@@ -78,8 +97,33 @@ def test_one_row_and_other_activations_take_torch() -> None:
     assert torch.equal(cpu_ops.CpuLayerOps(silu=False).silu_mul(F.gelu, gate, up), F.gelu(gate) * up)
 
 
-def test_engine_decode_forwards_run_them() -> None:
+def test_exact_ops_leave_the_silu_to_torch() -> None:
+    generator = torch.Generator().manual_seed(4)
+    gate, up = (torch.randn(2, 9, 1536, generator=generator) * 4).bfloat16()
+    assert torch.equal(cpu_ops.ExactCpuLayerOps(576, 64).silu_mul(F.silu, gate, up), F.silu(gate) * up)
+
+
+def test_engine_decode_forwards_run_them_and_prefill_the_exact_ones() -> None:
     model = random_model(TINY_LLAMA_D64, seed=1).to(torch.bfloat16)
     engine = tiny_engine(model, dtype="bfloat16", decode_backend="cpu")
     assert engine.runner.decode_model.ops.name == "cpu"  # type: ignore[attr-defined]
-    assert engine.runner.model.ops.name == "torch"  # type: ignore[attr-defined]
+    assert engine.runner.model.ops.name == "cpu-exact"  # type: ignore[attr-defined]
+
+
+def _causal(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """One prompt's attention without a cache: [T, heads, d] in and out."""
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale, enable_gqa=True
+    )
+    return o.transpose(0, 1)
+
+
+def test_a_prefill_forward_through_the_exact_ops_is_torchs_bit_for_bit() -> None:
+    model = random_model(TINY_LLAMA_D64, seed=2).to(torch.bfloat16)
+    engine = tiny_engine(model, dtype="bfloat16", decode_backend="cpu")
+    prefill = engine.runner.model
+    ids = torch.randint(0, TINY_LLAMA_D64.vocab_size, (37,), generator=torch.Generator().manual_seed(5))
+    positions = torch.arange(37)
+    exact = prefill.hidden(ids, positions, _causal)
+    prefill.ops = TORCH  # type: ignore[attr-defined]
+    assert torch.equal(exact, prefill.hidden(ids, positions, _causal))

@@ -1,7 +1,8 @@
 // The element-wise steps of a Llama-family layer in bfloat16, one call each instead of torch's chains of
-// small ops (4-5 calls each, most of their time per-call overhead at decode's few rows). Built and loaded
-// by cpu_kernels.py; used by cpu_ops.py. Every step rounds to bfloat16 where the torch formulation
-// does (model.py), so only float32 sums (the RMS) and expf may differ from it, by an ulp.
+// small ops (4-5 calls each, most of their time per-call overhead). Built and loaded by cpu_kernels.py;
+// used by cpu_ops.py. Every step rounds to bfloat16 where the torch formulation does (model.py), and the
+// RMS adds its squares in the order ATen's sum does, so the residual add, the RMSNorm and the rotary
+// positions are torch's bit for bit; only the gated SiLU's expf may differ from torch's by an ulp.
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -18,23 +19,89 @@ static inline __m512 round16(__m512 v) {  // to the nearest bfloat16, kept as fl
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
 }
 
-// Rows of `hidden` elements (a multiple of 16). If delta: h += delta (rounded to bfloat16, as `h + delta`).
-// Then out = weight * bfloat16(h * rsqrt(mean(h^2) + eps)): transformers' RMSNorm (model.rms_norm).
+// ATen's CPU sum of a contiguous float32 row, in its order of additions (SumKernel.cpp:
+// vectorized_inner_sum -> row_sum -> multi_row_sum) for vectors of `lanes` floats (8 where the kernel
+// is built for AVX2, 16 for AVX512: which one torch runs is found by comparing, cpu_ops.aten_sum_lanes;
+// `n` a multiple of it): four interleaved vector accumulators, cascaded every 16 groups of four vectors,
+// then the vectors left over, then the four added up, then the lanes one by one. Every addition is an
+// explicitly rounded intrinsic, which -ffast-math may not reassociate.
+enum { ILP = 4, LEVELS = 4 };
+#define EXACT (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+static int64_t ceil_log2(int64_t x) {  // c10's CeilLog2
+    return x <= 2 ? 1 : 64 - __builtin_clzll((uint64_t)(x - 1));
+}
+
+static float aten_row_sum(const float *x, int64_t n, int64_t lanes) {
+    const __mmask16 live = (__mmask16)((1u << lanes) - 1);
+    const int64_t vectors = n / lanes, groups = vectors / ILP;
+    const int64_t power = ceil_log2(groups) / LEVELS > 4 ? ceil_log2(groups) / LEVELS : 4;
+    const int64_t step = (int64_t)1 << power, mask = step - 1;
+    __m512 acc[LEVELS][ILP];
+    for (int j = 0; j < LEVELS; j++)
+        for (int k = 0; k < ILP; k++) acc[j][k] = _mm512_setzero_ps();
+#define ADD_VECTOR(a, v) (a) = _mm512_add_round_ps((a), _mm512_maskz_loadu_ps(live, x + (v) * lanes), EXACT)
+    int64_t i = 0;
+    for (; i + step <= groups;) {
+        for (int64_t j = 0; j < step; j++, i++)
+            for (int k = 0; k < ILP; k++) ADD_VECTOR(acc[0][k], i * ILP + k);
+        for (int j = 1; j < LEVELS; j++) {
+            for (int k = 0; k < ILP; k++) {
+                acc[j][k] = _mm512_add_round_ps(acc[j][k], acc[j - 1][k], EXACT);
+                acc[j - 1][k] = _mm512_setzero_ps();
+            }
+            if (i & (mask << (j * power))) break;
+        }
+    }
+    for (; i < groups; i++)
+        for (int k = 0; k < ILP; k++) ADD_VECTOR(acc[0][k], i * ILP + k);
+    for (int j = 1; j < LEVELS; j++)
+        for (int k = 0; k < ILP; k++) acc[0][k] = _mm512_add_round_ps(acc[0][k], acc[j][k], EXACT);
+    for (int64_t v = groups * ILP; v < vectors; v++) ADD_VECTOR(acc[0][0], v);
+    for (int k = 1; k < ILP; k++) acc[0][0] = _mm512_add_round_ps(acc[0][0], acc[0][k], EXACT);
+#undef ADD_VECTOR
+    float partial[16];
+    _mm512_storeu_ps(partial, acc[0][0]);
+    __m128 total = _mm_setzero_ps();
+    for (int64_t l = 0; l < lanes; l++) total = _mm_add_round_ss(total, _mm_set_ss(partial[l]), EXACT);
+    return _mm_cvtss_f32(total);
+}
+
+// out[r] = the sum of row r of x ([rows, n], contiguous), added as aten_row_sum adds: to find which
+// vector width torch's sum runs here (cpu_ops.aten_sum_lanes).
+int aten_sum_rows(const float *x, int64_t rows, int64_t n, int64_t lanes, float *out) {
+    if (n % lanes || (lanes != 8 && lanes != 16)) return -1;
+    for (int64_t r = 0; r < rows; r++) out[r] = aten_row_sum(x + r * n, n, lanes);
+    return 0;
+}
+
+// 1 / sqrt(sum / n + eps), each step correctly rounded, as torch's mean, add and rsqrt (1 / sqrt) compute it.
+static float rms_scale(float sum, int64_t n, float eps) {
+    const __m128 mean = _mm_div_round_ss(_mm_set_ss(sum), _mm_set_ss((float)n), EXACT);
+    const __m128 root = _mm_sqrt_round_ss(mean, _mm_add_round_ss(mean, _mm_set_ss(eps), EXACT), EXACT);
+    return _mm_cvtss_f32(_mm_div_round_ss(_mm_set_ss(1.0f), root, EXACT));
+}
+
+// Rows of `hidden` elements (a multiple of 16, at most MAX_HIDDEN). If delta: h += delta (rounded to
+// bfloat16, as `h + delta`). Then out = weight * bfloat16(h * rsqrt(mean(h^2) + eps)): transformers'
+// RMSNorm as model.rms_norm computes it, with the squares summed in ATen's order for `lanes`.
+enum { MAX_HIDDEN = 16384 };
+
 int add_rms_norm_bf16(uint16_t *h, int64_t ld_h, const uint16_t *delta, int64_t ld_delta, const uint16_t *weight,
-                      uint16_t *out, int64_t ld_out, int64_t rows, int64_t hidden, float eps) {
-    if (hidden % 16) return -1;
+                      uint16_t *out, int64_t ld_out, int64_t rows, int64_t hidden, float eps, int64_t lanes) {
+    if (hidden % 16 || hidden > MAX_HIDDEN || (lanes != 8 && lanes != 16)) return -1;
+    float squares[MAX_HIDDEN];
     for (int64_t r = 0; r < rows; r++) {
         uint16_t *x = h + r * ld_h;
-        __m512 squares = _mm512_setzero_ps();
         for (int64_t i = 0; i < hidden; i += 16) {
             __m512 v = load16(x + i);
             if (delta) {
                 v = round16(_mm512_add_ps(v, load16(delta + r * ld_delta + i)));  // as torch holds h + delta
                 store16(x + i, v);
             }
-            squares = _mm512_fmadd_ps(v, v, squares);
+            _mm512_storeu_ps(squares + i, _mm512_mul_ps(v, v));  // exact: a bfloat16's square fits float32
         }
-        const __m512 scale = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(squares) / (float)hidden + eps));
+        const __m512 scale = _mm512_set1_ps(rms_scale(aten_row_sum(squares, hidden, lanes), hidden, eps));
         for (int64_t i = 0; i < hidden; i += 16) {
             const __m512 normed = round16(_mm512_mul_ps(load16(x + i), scale));  // .to(bfloat16)
             store16(out + r * ld_out + i, _mm512_mul_ps(load16(weight + i), normed));

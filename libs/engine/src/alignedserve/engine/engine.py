@@ -29,7 +29,7 @@ from alignedserve.engine.attention import (
 )
 from alignedserve.engine.config import DEFAULT_KV_CACHE_BYTES, EngineConfig, cpu_has_amx_bf16
 from alignedserve.engine.cpu_linear import CpuKernelLinear, packed_weights
-from alignedserve.engine.cpu_ops import CpuLayerOps
+from alignedserve.engine.cpu_ops import CpuLayerOps, ExactCpuLayerOps, KernelUnavailable
 from alignedserve.engine.decode_backend import FixedGrouping, GroupingSelector
 from alignedserve.engine.decode_kv import DecodeKv, GatheredKv, StagedKv
 from alignedserve.engine.kv_cache import KvLayout, PagedKvCache
@@ -107,7 +107,8 @@ class LLMEngine:
         )
         prefill_kernel = _prefill_kernel(decode.name)
         decode_model = _decode_model(self.model, self.loaded.hf_model, decode.name, config.linear_kernel)
-        self.runner = ModelRunner(self.model, self.cache, decode, timer, prefill_kernel, decode_model)
+        prefill_model = _prefill_model(self.model, self.loaded.hf_model, decode.name, config.linear_kernel)
+        self.runner = ModelRunner(prefill_model, self.cache, decode, timer, prefill_kernel, decode_model)
         self.scheduler = Scheduler(
             self.allocator,
             config.max_num_seqs,
@@ -455,6 +456,22 @@ def _decode_model(model: PagedModel, hf_model: Any, decode_backend: str, linear:
         return model
     silu = getattr(hf_model.config, "hidden_act", None) in ("silu", "swish")
     return with_layer_ops(_decode_linears(model, hf_model), CpuLayerOps(silu))
+
+
+def _prefill_model(model: PagedModel, hf_model: Any, decode_backend: str, linear: str) -> PagedModel:
+    """Where the C decode kernels run, prefill forwards take the C element-wise steps that are torch's bit
+    for bit (`ExactCpuLayerOps`: the residual adds, RMSNorms and rotary positions, checked against torch
+    at start), so prefill stays transformers' output under the accuracy contract; `model` where that
+    check fails. Those steps were ~20 % of a prefill forward's samples on the stack (docs/benchmarks.md,
+    "Prefill's element-wise steps in C, bit for bit")."""
+    if decode_backend != "cpu" or linear != "auto" or not cpu_ops.kernel_available():
+        return model
+    try:
+        return with_layer_ops(
+            model, ExactCpuLayerOps(int(hf_model.config.hidden_size), model.layout_heads[3])
+        )
+    except KernelUnavailable:
+        return model
 
 
 def _decode_linears(model: PagedModel, hf_model: Any) -> PagedModel:
