@@ -11,7 +11,7 @@ reused by every layer. All of it is device-agnostic torch (CPU and CUDA).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -249,6 +249,20 @@ class PrefillSpan:
     q_len: int
     cached: int
     block_table: torch.Tensor
+    _biases: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def causal_bias(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """[q_len, cached + q_len] additive mask: 0 where query i (at position cached + i) sees key j
+        (j <= cached + i, bottom-right causal), -inf elsewhere. Made once per forward and shared by every
+        layer: SDPA would turn a boolean mask into this same tensor at each call."""
+        bias = self._biases.get(dtype)
+        if bias is None:
+            total = self.cached + self.q_len
+            positions = torch.arange(self.q_len, device=device).unsqueeze(1) + self.cached
+            hidden = torch.arange(total, device=device).unsqueeze(0) > positions  # [q, total]
+            bias = torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(hidden, float("-inf"))
+            self._biases[dtype] = bias
+        return bias
 
 
 # A paged prefill kernel (`cpu_attention.paged_prefill`): (query [q, heads, d], one layer's keys and values
@@ -305,8 +319,6 @@ def _sdpa_span(
         tables = span.block_table.unsqueeze(0)
         k = gather_blocks(cache.keys[layer], tables, total)  # [1, kvh, total, d]
         v = gather_blocks(cache.values[layer], tables, total)
-        # Query i sits at position cached + i and sees keys 0..cached + i (bottom-right causal).
-        positions = torch.arange(span.q_len, device=query.device).unsqueeze(1) + span.cached
-        mask = torch.arange(total, device=query.device).unsqueeze(0) <= positions  # [q, total]
+        mask = span.causal_bias(query.dtype, query.device)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return o.squeeze(0).transpose(0, 1)

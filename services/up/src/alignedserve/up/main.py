@@ -113,6 +113,10 @@ def service_cpus(cfg: UpSettings, argv: list[str]) -> tuple[int, ...]:
     if argv[0] in ENGINE_SERVICES or cfg.device != "cpu":
         return ()
     layout, cpus = cpu_layout(cfg)
+    import os  # TMP A/B
+
+    if argv[0] in os.environ.get("TMP_ON_DECODE", "").split(","):
+        return layout.place("decode", cpus).cpus
     return layout.place("service", cpus).cpus
 
 
