@@ -53,7 +53,7 @@ def test_only_prefill_yields_and_only_in_its_layout() -> None:
 def test_auto_is_the_layout_measured_for_the_engines_dtype_and_an_unknown_name_lists_the_choices() -> None:
     assert set(AUTO_BY_DTYPE) == set(DTYPES_BY_DEVICE["cpu"])  # a measured layout for each CPU dtype
     assert layout_named("auto", "bfloat16", 2) is LAYOUTS["split-spill"]  # as measured: one core a side
-    assert layout_named("auto", "bfloat16", 2, amx_tiles=True) is LAYOUTS["split-decode-alone"]
+    assert layout_named("auto", "bfloat16", 2, amx_tiles=True) is LAYOUTS["split-pool-with-decode"]
     assert layout_named("auto", "bfloat16", 4, amx_tiles=True) is LAYOUTS["split"]
     assert layout_named("auto", "float32", 2, amx_tiles=True) is LAYOUTS["shared"]
     assert layout_named("auto", "bfloat16", 4) is LAYOUTS["split"]
@@ -99,10 +99,11 @@ def test_split_spill_is_split_with_a_spill_prefill_engine_on_the_decode_cores(cp
 @given(cpu_sets)
 def test_the_other_services_run_beside_decode_and_are_never_niced(cpus: list[int]) -> None:
     for layout in LAYOUTS.values():
-        if layout.name == "split-decode-alone":
-            continue
-        service, decode = layout.place("service", cpus), layout.place("decode", cpus)
-        assert service.cpus == decode.cpus and service.nice == 0
+        for role in ("service", "pool"):
+            placed, decode = layout.place(role, cpus), layout.place("decode", cpus)
+            assert placed.nice == 0
+            if layout.name not in ("split-decode-alone", "split-pool-with-decode"):
+                assert placed.cpus == decode.cpus
 
 
 @given(cpu_sets)
@@ -111,10 +112,20 @@ def test_split_decode_alone_is_split_with_the_other_services_beside_prefill(cpus
     assert alone.spill_workers == 0 and not alone.prefill_first
     for role in ("prefill", "decode"):
         assert alone.place(role, cpus) == split.place(role, cpus)
-    service = alone.place("service", cpus)
-    assert service.cpus == split.place("prefill", cpus).cpus and service.nice == 0
-    if len(cpus) > 1:
-        assert not set(service.cpus) & set(alone.place("decode", cpus).cpus)
+    for role in ("service", "pool"):
+        placed = alone.place(role, cpus)
+        assert placed.cpus == split.place("prefill", cpus).cpus and placed.nice == 0
+        if len(cpus) > 1:
+            assert not set(placed.cpus) & set(alone.place("decode", cpus).cpus)
+
+
+@given(cpu_sets)
+def test_split_pool_with_decode_moves_only_the_kv_pool_to_the_decode_cores(cpus: list[int]) -> None:
+    with_decode, alone = LAYOUTS["split-pool-with-decode"], LAYOUTS["split-decode-alone"]
+    assert with_decode.spill_workers == 0 and not with_decode.prefill_first
+    for role in ("prefill", "decode", "service"):
+        assert with_decode.place(role, cpus) == alone.place(role, cpus)
+    assert with_decode.place("pool", cpus).cpus == alone.place("decode", cpus).cpus
 
 
 @given(cpu_sets)

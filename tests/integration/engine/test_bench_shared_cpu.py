@@ -48,6 +48,7 @@ def test_an_unknown_policy_or_layout_is_refused() -> None:
         )  # fmt: skip
         assert done.returncode == 2
         assert (
-            "--layouts takes shared,prefill-yields,prefill-first,split,split-decode-alone; --policies takes"
+            "--layouts takes shared,prefill-yields,prefill-first,split,split-decode-alone,split-pool-with-decode;"
+            " --policies takes"
             " spin,short-spin,passive" in done.stderr
         )

@@ -91,6 +91,15 @@ def test_split_decode_alone_pins_the_other_services_to_the_prefill_core(
     assert up.service_cpus(cfg, started["decode-0"]) == ()  # an engine pins itself
 
 
+def test_split_pool_with_decode_pins_the_kv_pool_to_the_decode_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg, started = on_two_cpus(monkeypatch, "split-pool-with-decode")
+    assert started["prefill-0"][-6:-2] == ["--num-threads", "1", "--cpus", "0"]
+    assert started["decode-0"][-6:-2] == ["--num-threads", "1", "--cpus", "1"]
+    assert up.service_cpus(cfg, started["kvpool-0"]) == (1,)
+    for name in ("gateway", "batcher-0"):
+        assert up.service_cpus(cfg, started[name]) == (0,)
+
+
 def test_prefill_first_gives_every_engine_one_lock_beside_the_logs_and_other_layouts_none(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

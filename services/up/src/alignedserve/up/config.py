@@ -39,15 +39,23 @@ class UpSettings(Settings):
         " float32 elsewhere), float32 or bfloat16 (cpu); float16 or bfloat16 (cuda)",
     )
     cpu_layout: Literal[
-        "auto", "shared", "prefill-yields", "prefill-first", "split", "split-spill", "split-decode-alone"
+        "auto",
+        "shared",
+        "prefill-yields",
+        "prefill-first",
+        "split",
+        "split-spill",
+        "split-decode-alone",
+        "split-pool-with-decode",
     ] = Field(
         "auto",
         description="CPU engines on this machine's cores: shared (all on all cores), prefill-yields (shared,"
         " prefill niced), prefill-first (shared, decode steps wait for prefill forwards), split (each role"
         " on its own cores), split-spill (split, plus a prefill engine on the decode cores that takes the"
         " prompts the prefill cores leave), split-decode-alone (split, the other services on the prefill"
-        " cores); auto: the measured best for the engines' dtype, the CPU count and AMX tiles (bfloat16 on"
-        " 2 CPUs: split-decode-alone with AMX tiles, split-spill without; on more: split; float32: shared;"
+        " cores), split-pool-with-decode (split-decode-alone, the KV pool on the decode cores); auto: the"
+        " measured best for the engines' dtype, the CPU count and AMX tiles (bfloat16 on 2 CPUs:"
+        " split-pool-with-decode with AMX tiles, split-spill without; on more: split; float32: shared;"
         " docs/benchmarks.md)",
     )
     metrics_base_port: int = Field(

@@ -108,16 +108,13 @@ def cpu_placements(cfg: UpSettings) -> dict[Role, list[str]]:
 
 
 def service_cpus(cfg: UpSettings, argv: list[str]) -> tuple[int, ...]:
-    """The CPUs a service other than an engine (gateway, kvpool, batcher) is pinned to: the layout's
-    service cores. () for an engine, which pins itself to its placement, and on GPUs."""
+    """The CPUs a service other than an engine is pinned to: the layout's cores for the KV pool (kvpool)
+    or for the other services (gateway, batcher). () for an engine, which pins itself to its placement,
+    and on GPUs."""
     if argv[0] in ENGINE_SERVICES or cfg.device != "cpu":
         return ()
     layout, cpus = cpu_layout(cfg)
-    import os  # TMP A/B
-
-    if argv[0] in os.environ.get("TMP_ON_DECODE", "").split(","):
-        return layout.place("decode", cpus).cpus
-    return layout.place("service", cpus).cpus
+    return layout.place("pool" if argv[0] == "kvpool" else "service", cpus).cpus
 
 
 def spill_workers(cfg: UpSettings) -> int:
