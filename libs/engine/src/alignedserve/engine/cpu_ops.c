@@ -35,7 +35,7 @@ static int64_t ceil_log2(int64_t x) {  // c10's CeilLog2
 static float aten_row_sum(const float *x, int64_t n, int64_t lanes) {
     const __mmask16 live = (__mmask16)((1u << lanes) - 1);
     const int64_t vectors = n / lanes, groups = vectors / ILP;
-    const int64_t power = ceil_log2(groups) / LEVELS > 4 ? ceil_log2(groups) / LEVELS : 4;
+    const int64_t scaled = ceil_log2(groups) / LEVELS, power = scaled > 4 ? scaled : 4;
     const int64_t step = (int64_t)1 << power, mask = step - 1;
     __m512 acc[LEVELS][ILP];
     for (int j = 0; j < LEVELS; j++)

@@ -450,12 +450,18 @@ def _prefill_kernel(decode_backend: str) -> PagedPrefill | None:
 def _decode_model(model: PagedModel, hf_model: Any, decode_backend: str, linear: str) -> PagedModel:
     """Where the C decode kernels run and the linear kernel is "auto", decode forwards of two rows or more
     run their element-wise steps in C (`cpu_ops`) and multiply by `_decode_linears`: the same host class
-    and library build. Prefill and one-row decode keep `model`'s, transformers' bit for bit (the accuracy
-    contract)."""
-    if decode_backend != "cpu" or linear != "auto" or not cpu_ops.kernel_available():
+    and library build. Prefill (`_prefill_model`) and one-row decode stay transformers' bit for bit (the
+    accuracy contract)."""
+    if not _c_layer_steps(decode_backend, linear):
         return model
     silu = getattr(hf_model.config, "hidden_act", None) in ("silu", "swish")
     return with_layer_ops(_decode_linears(model, hf_model), CpuLayerOps(silu))
+
+
+def _c_layer_steps(decode_backend: str, linear: str) -> bool:
+    """Whether forwards may take the C element-wise steps (`cpu_ops`): where the C decode kernels run (the
+    same host class and library build) and the linear kernel is "auto"."""
+    return decode_backend == "cpu" and linear == "auto" and cpu_ops.kernel_available()
 
 
 def _prefill_model(model: PagedModel, hf_model: Any, decode_backend: str, linear: str) -> PagedModel:
@@ -464,7 +470,7 @@ def _prefill_model(model: PagedModel, hf_model: Any, decode_backend: str, linear
     at start), so prefill stays transformers' output under the accuracy contract; `model` where that
     check fails. Those steps were ~20 % of a prefill forward's samples on the stack (docs/benchmarks.md,
     "Prefill's element-wise steps in C, bit for bit")."""
-    if decode_backend != "cpu" or linear != "auto" or not cpu_ops.kernel_available():
+    if not _c_layer_steps(decode_backend, linear):
         return model
     try:
         return with_layer_ops(
