@@ -41,6 +41,7 @@ async def serve(settings: DecodeSettings, loaded: LoadedModel | None = None) -> 
     engine_thread = EngineThread()  # builds the engine and runs its steps
     try:
         engine = await engine_thread.call(LLMEngine, settings.engine_config(), loaded)
+        await engine_thread.call(engine.warm_up)  # before ready: no request pays the first forwards
         address = await endpoint.start(settings.advertise_host, settings.transfer_port)
         runtime.ucx_address = address.to_bytes()
         worker = DecodeWorker(
