@@ -297,6 +297,23 @@ async def test_a_batch_from_the_pool_decodes_exactly_like_one_engine(peers: Peer
     await stop_worker(worker)
 
 
+async def test_with_prefetch_from_pool_waiting_candidates_are_pulled_from_the_pool_ahead(peers: Peers, bus_url: str, tiny: LoadedModel) -> None:  # fmt: skip
+    """`up --prefetch decode` (CPU engines' `auto`): no staging worker, and the candidates that wait for a
+    slot have their KV pulled from the pool while the running rows decode."""
+    batch = prompts([6, 19, 11, 27], seed=3)
+    want = reference(tiny, batch, max_tokens=16, ignore_eos=True)
+    worker = await start_worker(peers, bus_url, tiny, max_num_seqs=2, prefetch_from_pool=True)
+    spec = SamplingSpec(max_tokens=16, temperature=0.0, ignore_eos=True)
+    planned = [await peers.prefill(f"p{i}", p, spec, staged=False) for i, p in enumerate(batch)]
+    await publish_plan(peers, 9, planned)  # two run at once: the other two wait as candidates
+    await peers.inbox.until(lambda: len(peers.finished("decode-t")) == 4, "4 finished requests")
+    assert peers.outputs() == {f"p{i}": w for i, w in enumerate(want)}
+    assert len(peers.pool_store) == 0
+    metrics = await metrics_text(peers)
+    assert 'alignedserve:decode_kv_pulled_bytes_total{when="prefetch"}' in metrics  # ahead of admission
+    await stop_worker(worker)
+
+
 async def test_staged_batch_with_evictions_to_the_staging_buffer_still_decodes_exactly(peers: Peers, bus_url: str, tiny: LoadedModel) -> None:  # fmt: skip
     batch = prompts([10, 11, 12, 13, 9, 14], seed=2)
     want = reference(tiny, batch, max_tokens=20, ignore_eos=True)

@@ -153,3 +153,17 @@ def test_the_other_services_are_pinned_to_the_layouts_service_cpus_and_engines_p
     shared = up.parse_args(["--cpu-layout", "shared", "--log-dir", "/tmp/unused"])
     assert up.service_cpus(shared, commands(shared)["gateway"]) == (0, 1, 2, 3)
     assert up.service_cpus(config("cuda"), commands(config("cuda"))["gateway"]) == ()
+
+
+def test_prefetch_auto_pulls_ahead_in_the_decode_worker_on_cpus_and_stages_on_gpus() -> None:
+    def prefetch(cfg: UpSettings) -> tuple[str, bool]:
+        started = commands(cfg)
+        batcher = started["batcher-0"]
+        return batcher[batcher.index("--prefetch") + 1], "--prefetch-from-pool" in started["decode-0"]
+
+    assert config().prefetch == "auto"
+    assert prefetch(config()) == ("off", True)
+    assert prefetch(config("cuda")) == ("on", False)
+    for chosen, expected in (("on", ("on", False)), ("off", ("off", False)), ("decode", ("off", True))):
+        cfg = up.parse_args(["--prefetch", chosen, "--log-dir", "/tmp/unused"])
+        assert prefetch(cfg) == expected

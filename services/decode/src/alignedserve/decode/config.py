@@ -21,6 +21,11 @@ class DecodeSettings(EngineWorkerSettings):
         ge=0,
         description="device memory for KV pre-pulled from staging workers before admission (0: pull at admission)",
     )
+    prefetch_from_pool: bool = Field(
+        False,
+        description="also pre-pull candidates whose KV waits in the pool (plans without a staging worker), "
+        "within --local-prefetch-bytes: where the pool's memory is as near as a staging worker's (one CPU host)",
+    )
     worker_timeout_s: float = Field(
         15.0,
         gt=0,

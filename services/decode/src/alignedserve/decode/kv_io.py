@@ -66,7 +66,8 @@ class KvMover:
 
 
 class LocalPrefetcher:
-    """Pre-pulls ready candidates' KV (admission order) onto the device, within a byte budget.
+    """Pre-pulls ready candidates' KV (admission order) onto the device, within a byte budget: those of
+    staged plans, and with `from_pool` those waiting in the pool too.
 
     The budget is checked against an estimate (prefix tokens x KV bytes per token) before a pull starts,
     then charged the real size. `take` hands a request's KV over: staged (no wait), in flight (wait for
@@ -74,9 +75,15 @@ class LocalPrefetcher:
     """
 
     def __init__(
-        self, mover: KvMover, budget_bytes: int, bytes_per_token: int, on_pulled: Callable[[int, bool], None]
+        self,
+        mover: KvMover,
+        budget_bytes: int,
+        bytes_per_token: int,
+        on_pulled: Callable[[int, bool], None],
+        from_pool: bool = False,
     ) -> None:
         self.mover = mover
+        self.from_pool = from_pool
         self.budget_bytes = budget_bytes
         self.bytes_per_token = bytes_per_token
         self.on_pulled = on_pulled  # (nbytes, ahead_of_admission)
@@ -89,12 +96,14 @@ class LocalPrefetcher:
         return sum(self._reserved.values())
 
     def fill(self, candidates: list[Candidate]) -> None:
-        """Start pulls for ready candidates of staged plans, in order, while the budget lasts."""
+        """Start pulls for ready candidates (of staged plans, or any with `from_pool`), in order, while the
+        budget lasts."""
         if self.budget_bytes == 0:
             return
         for candidate in candidates:
             rid = candidate.request_id
-            if not candidate.ready or not candidate.staging_worker_id or rid in self._reserved:
+            wanted = candidate.ready and (self.from_pool or bool(candidate.staging_worker_id))
+            if not wanted or rid in self._reserved:
                 continue
             estimate = candidate.prefix_len * self.bytes_per_token
             if self.used_bytes + estimate > self.budget_bytes:

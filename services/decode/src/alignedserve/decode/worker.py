@@ -86,6 +86,7 @@ class DecodeWorker:
             int(settings.local_prefetch_bytes),
             engine.layout.bytes_per_block // block_size,
             self._count_pulled,
+            from_pool=settings.prefetch_from_pool,
         )
         self.publisher = OrderedPublisher(bus, metrics.publish_seconds.observe)
         self.pools: dict[str, KvLocation] = {}  # kvpool worker id -> where its endpoint is

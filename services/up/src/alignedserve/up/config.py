@@ -26,8 +26,11 @@ class UpSettings(Settings):
     policy: Literal["aligned", "fcfs", "window"] = Field(
         "aligned", description="batch formation: aligned (quad-tree), fcfs (baseline) or window (exact)"
     )
-    prefetch: Literal["on", "off"] = Field(
-        "on", description="on: stage batches in a prefill worker; off: decode pulls KV from the pool"
+    prefetch: Literal["auto", "on", "off", "decode"] = Field(
+        "auto",
+        description="on: stage batches in a prefill worker; decode: the decode worker pre-pulls them from the "
+        "pool itself (no staging hop); off: decode pulls KV from the pool at admission; auto: decode for CPU "
+        "engines (one host: the pool is the same memory), on for GPUs",
     )
     prefill: int = Field(1, ge=1, description="prefill workers")
     decode: int = Field(1, ge=1, description="decode workers")

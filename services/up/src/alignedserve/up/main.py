@@ -78,15 +78,29 @@ def service_commands(cfg: UpSettings, bus_url: str) -> list[tuple[str, int, list
         out.append((name, p, [kind, "--worker-id", name, "--metrics-port", str(p), *common, *extra]))
 
     add("kvpool-0", "kvpool", [])
-    add("batcher-0", "batcher", ["--policy", cfg.policy, "--prefetch", cfg.prefetch])
+    prefetch = prefetch_mode(cfg)
+    staged = "on" if prefetch == "on" else "off"
+    from_pool = ["--prefetch-from-pool"] if prefetch == "decode" else []
+    add("batcher-0", "batcher", ["--policy", cfg.policy, "--prefetch", staged])
     for i in range(cfg.prefill):
         add(f"prefill-{i}", "prefill", engine + placed["prefill"])
     for i in range(cfg.decode):
-        add(f"decode-{i}", "decode", engine + placed["decode"])
+        add(f"decode-{i}", "decode", engine + from_pool + placed["decode"])
     for i in range(cfg.prefill, cfg.prefill + spill_workers(cfg)):  # after decode: its ports stay put
         add(f"prefill-{i}", "prefill", engine + placed["spill"])
     out.append(("gateway", cfg.port, ["gateway", "--host", cfg.host, "--port", str(cfg.port), *common]))
     return out
+
+
+def prefetch_mode(cfg: UpSettings) -> str:
+    """`auto`: CPU engines pre-pull in the decode worker straight from the pool. On one CPU host staging
+    in a prefill worker only moves each request's KV across the busiest core twice more (pool -> prefill
+    -> decode); the decode worker pulling ahead itself served 1.04x / 1.10x the output tokens at 0.85x /
+    0.56x the P99 TPOT (docs/benchmarks.md, "Pulling ahead in the decode worker"). GPUs stage in a prefill
+    worker's device memory, the paper's GPU-to-GPU prefetch."""
+    if cfg.prefetch != "auto":
+        return cfg.prefetch
+    return "decode" if cfg.device == "cpu" else "on"
 
 
 def cpu_placements(cfg: UpSettings) -> dict[Role, list[str]]:

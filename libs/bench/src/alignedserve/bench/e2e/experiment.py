@@ -55,11 +55,11 @@ class StackMode:
     name: str  # id in JSON and on the command line
     label: str  # row label in the table
     policy: str  # the batcher's batch-formation policy
-    prefetch: bool  # the batcher stages formed batches ahead of time
+    prefetch: bool  # KV moves toward decode ahead of time (`up --prefetch auto`), or not (off)
     cpu_layout: str = "auto"  # alignedserve.core.cpu_layout: where the CPU engines run
 
     def up_args(self) -> list[str]:
-        prefetch = "on" if self.prefetch else "off"
+        prefetch = "auto" if self.prefetch else "off"
         return ["--policy", self.policy, "--prefetch", prefetch, "--cpu-layout", self.cpu_layout]
 
 
