@@ -19,7 +19,8 @@ class DecodeSettings(EngineWorkerSettings):
     local_prefetch_bytes: ByteSize = Field(
         ByteSize(1 << 30),
         ge=0,
-        description="device memory for KV pre-pulled from staging workers before admission (0: pull at admission)",
+        description="device memory for KV pre-pulled before admission, from staging workers (and from the pool with "
+        "--prefetch-from-pool); 0: pull at admission",
     )
     prefetch_from_pool: bool = Field(
         False,

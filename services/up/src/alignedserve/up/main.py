@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Literal
 from urllib.parse import urlsplit
 
 from alignedserve.bus import embedded
@@ -92,7 +93,7 @@ def service_commands(cfg: UpSettings, bus_url: str) -> list[tuple[str, int, list
     return out
 
 
-def prefetch_mode(cfg: UpSettings) -> str:
+def prefetch_mode(cfg: UpSettings) -> Literal["on", "off", "decode"]:
     """`auto`: CPU engines pre-pull in the decode worker straight from the pool. On one CPU host staging
     in a prefill worker only moves each request's KV across the busiest core twice more (pool -> prefill
     -> decode); the decode worker pulling ahead itself served 1.04x / 1.10x the output tokens at 0.85x /
