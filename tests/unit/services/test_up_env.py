@@ -108,9 +108,23 @@ def test_prefill_first_gives_every_engine_one_lock_beside_the_logs_and_other_lay
     lock = ["--prefill-first-lock", str(tmp_path.resolve() / up.PREFILL_FIRST_LOCK)]
     assert first["prefill-0"][-2:] == first["decode-0"][-2:] == lock
     assert "--prefill-first-lock" not in first["gateway"] + first["kvpool-0"] + first["batcher-0"]
+    assert "--prefill-first-max-wait-ms" not in first["decode-0"]  # the decode worker's default bound
     for name in ("shared", "split", "split-spill"):
         started = commands(up.parse_args(["--cpu-layout", name, "--log-dir", str(tmp_path)]))
         assert not any("--prefill-first-lock" in argv for argv in started.values())
+
+
+def test_split_spill_first_has_the_spill_engine_and_decode_take_turns_and_the_prefill_core_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
+    started = commands(up.parse_args(["--cpu-layout", "split-spill-first", "--log-dir", str(tmp_path)]))
+    lock = ["--prefill-first-lock", str(tmp_path.resolve() / up.PREFILL_FIRST_LOCK)]
+    wait = str(LAYOUTS["split-spill-first"].turn_max_wait_ms)
+    assert started["prefill-1"][-2:] == ["--intake", "idle"] and started["prefill-1"][-4:-2] == lock
+    assert started["decode-0"][-4:] == [*lock, "--prefill-first-max-wait-ms", wait]
+    assert "--prefill-first-lock" not in started["prefill-0"]  # its own core: it waits for no one
+    assert started["prefill-0"][-2:] == ["--max-backlog-tokens", str(up.SPILL_BACKLOG_TOKENS)]
 
 
 def test_up_offers_exactly_the_layouts_there_are() -> None:

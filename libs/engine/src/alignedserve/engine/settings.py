@@ -68,8 +68,9 @@ class EngineWorkerSettings(WorkerSettings):
     nice: int = Field(0, ge=0, le=19, description="niceness added to the worker on CPU (10: prefill yields)")
     prefill_first_lock: str = Field(
         "",
-        description="a lock file the engines of one machine share (the prefill-first CPU layout; `alignedserve"
-        " up` sets it): prefill holds it during a forward, decode waits for it before a step; empty: none",
+        description="a lock file the engines of one machine share (the prefill-first and split-spill-first CPU"
+        " layouts; `alignedserve up` sets it): prefill holds it during a forward, decode waits for it before a"
+        " step; empty: none",
     )
     prefill_first_max_wait_ms: int = Field(
         500,

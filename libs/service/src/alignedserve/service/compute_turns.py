@@ -1,10 +1,11 @@
 """Which engine computes first where prefill and decode engines share one machine's cores.
 
-Under the `prefill-first` CPU layout (`alignedserve.core.cpu_layout`) the engines of one machine agree
-through lock files (`--prefill-first-lock` and a sibling): a decode step waits for the prefill forward
-in flight — at most `max_wait_s`, then it steps anyway — and the next forward waits for that step. Under
-load the two alternate, each with the whole machine: a prompt waiting for its first token gets every
-core, and decode steps run at full speed between forwards instead of at half speed beside them. The
+Under the `prefill-first` CPU layout (`alignedserve.core.cpu_layout`) the engines of one machine, and
+under `split-spill-first` the spill engine and decode on the decode cores, agree through lock files
+(`--prefill-first-lock` and a sibling): a decode step waits for the prefill forward in flight — at most
+`max_wait_s`, then it steps anyway — and the next forward waits for that step. Under load the two
+alternate, each with the cores they share: a prompt waiting for its first token gets all of them, and
+decode steps run at full speed between forwards instead of at half speed beside them. The
 locks are `flock(2)`'s: the kernel drops them when a worker dies, so a crashed worker never leaves the
 other waiting.
 """

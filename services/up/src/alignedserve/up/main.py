@@ -38,7 +38,8 @@ ENGINE_ENV_ON_SHARED_CPU = {"OMP_WAIT_POLICY": "PASSIVE"}
 ENGINE_SERVICES = ("prefill", "decode")
 READY_TIMEOUT_S = 600.0  # first start converts the GGUF weights once; later starts take seconds
 STOP_TIMEOUT_S = 30.0
-# The lock the engines of one stack share under the prefill-first layout (compute_turns), beside the logs:
+# The lock the engines of one stack that take turns share (compute_turns; the prefill-first layout, and
+# split-spill-first's spill engine and decode), beside the logs:
 # each stack has its own log directory, and nothing is written to the file.
 PREFILL_FIRST_LOCK = "prefill-first.lock"
 # Under a layout with spill engines, the prefill workers on their own cores stop reading prompts while
@@ -110,16 +111,22 @@ def cpu_placements(cfg: UpSettings) -> dict[Role, list[str]]:
     if cfg.device != "cpu":
         return {role: [] for role in roles}
     layout, cpus = cpu_layout(cfg)
-    turns = (
-        ["--prefill-first-lock", str(cfg.log_dir.resolve() / PREFILL_FIRST_LOCK)]
-        if layout.prefill_first
-        else []
-    )
-    placed = {role: layout.place(role, cpus).engine_args() + turns for role in roles}
+    placed = {role: layout.place(role, cpus).engine_args() + turn_args(cfg, layout, role) for role in roles}
     if layout.spill_workers:
         placed["prefill"] += ["--max-backlog-tokens", str(SPILL_BACKLOG_TOKENS)]
         placed["spill"] += ["--intake", "idle"]
     return placed
+
+
+def turn_args(cfg: UpSettings, layout: CpuLayout, role: Role) -> list[str]:
+    """The flags that make an engine of `role` take turns with the layout's other turn-takers: one lock
+    file per stack, and the decode step's bound on its wait where the layout sets one."""
+    if role not in layout.turn_roles:
+        return []
+    args = ["--prefill-first-lock", str(cfg.log_dir.resolve() / PREFILL_FIRST_LOCK)]
+    if role == "decode" and layout.turn_max_wait_ms is not None:
+        args += ["--prefill-first-max-wait-ms", str(layout.turn_max_wait_ms)]
+    return args
 
 
 def service_cpus(cfg: UpSettings, argv: list[str]) -> tuple[int, ...]:
