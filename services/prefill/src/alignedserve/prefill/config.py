@@ -31,7 +31,7 @@ class PrefillSettings(EngineWorkerSettings):
         "always",
         description="when this worker reads prompts: always (while it has room), or idle (one at a time,"
         " only while it holds none, polling the bus instead of waiting on it: on Redis it takes only what"
-        " the other prefill workers leave there; the split-spill CPU layout's engine on the decode cores)",
+        " the other prefill workers leave there; the spill engine of the split-spill CPU layouts)",
     )
     prefill_order: Literal["shortest", "fcfs"] = Field(
         "shortest",
