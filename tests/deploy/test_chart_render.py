@@ -7,7 +7,17 @@ from __future__ import annotations
 import jsonschema
 import kubernetes_validate
 import pytest
-from chart_support import CHART, KUBE_VERSION, NAMESPACE, RELEASE, VALUE_SETS, Rendered, fullname, helm
+from chart_support import (
+    CHART,
+    KUBE_VERSION,
+    NAMESPACE,
+    RELEASE,
+    VALUE_SETS,
+    Rendered,
+    fullname,
+    helm,
+    render,
+)
 from custom_resources import PROMETHEUS_TRIGGER_METADATA, SCHEMAS
 
 from alignedserve.loadgen.cli import build_parser, gate_from_args
@@ -295,3 +305,16 @@ def test_helm_test_runs_the_load_generators_slo_gate(rendered: dict[str, Rendere
     assert args.endpoint == f"http://{FN}-gateway:{port}"
     assert args.fail_on_slo and gate_from_args(args).any
     assert args.wait_ready > 0  # the gateway may still be loading its tokenizer
+
+
+def test_cpu_nodes_can_have_the_decode_worker_pull_ahead_from_the_pool_instead_of_staging(
+    rendered: dict[str, Rendered],
+) -> None:
+    """`alignedserve up --prefetch decode` as values: the batcher stages nothing and the decode worker
+    pre-pulls from the pool; the defaults keep staging in a prefill worker (GPU-to-GPU prefetch)."""
+    defaults = rendered["defaults"]
+    assert _env(_container(defaults, "decode"))["ALIGNEDSERVE_DECODE_PREFETCH_FROM_POOL"]["value"] == "false"
+    assert _env(_container(defaults, "batcher"))["ALIGNEDSERVE_BATCHER_PREFETCH"]["value"] == "on"
+    install = render({"decode": {"prefetchFromPool": True}, "batcher": {"prefetch": "off"}})
+    assert _env(_container(install, "decode"))["ALIGNEDSERVE_DECODE_PREFETCH_FROM_POOL"]["value"] == "true"
+    assert _env(_container(install, "batcher"))["ALIGNEDSERVE_BATCHER_PREFETCH"]["value"] == "off"
