@@ -168,9 +168,9 @@ class SplitSpillFirst:
     waits for the spill forward in flight, at most 50 ms, and the next forward waits for that step. Side
     by side at one priority each ran at about half speed, so a prompt the spill engine took waited twice
     its forward's time. On the AVX-512 BF16 host: 0.68x / 0.82x split-spill's mean TTFT (Azure trace /
-    95 %-short mix), 1.01x / 0.95x its output tokens/s, P99 TPOT 1.17x / 1.19x; without the 50 ms bound
-    the TTFT fell further (0.48x / 0.71x) but decode waited for whole 256-token forwards, and the Azure
-    trace's P99 TPOT doubled (docs/benchmarks.md, "The spill engine and decode taking turns")."""
+    95 %-short mix), 1.01x / 0.95x its output tokens/s, P99 TPOT 1.17x / 1.19x. With the worker's default
+    500 ms bound the TTFT fell further (0.48x / 0.71x), but decode waited for whole 256-token forwards and
+    the Azure trace's P99 TPOT doubled (docs/benchmarks.md, "The spill engine and decode taking turns")."""
 
     name: str = "split-spill-first"
     spill_workers: int = 1
