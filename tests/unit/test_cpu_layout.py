@@ -109,7 +109,7 @@ def test_the_other_services_run_beside_decode_and_are_never_niced(cpus: list[int
 @given(cpu_sets)
 def test_split_decode_alone_is_split_with_the_other_services_beside_prefill(cpus: list[int]) -> None:
     alone, split = LAYOUTS["split-decode-alone"], LAYOUTS["split"]
-    assert alone.spill_workers == 0 and not alone.turn_roles
+    assert alone.spill_workers == 0 and not alone.turns.roles
     for role in ("prefill", "decode"):
         assert alone.place(role, cpus) == split.place(role, cpus)
     for role in ("service", "pool"):
@@ -122,7 +122,7 @@ def test_split_decode_alone_is_split_with_the_other_services_beside_prefill(cpus
 @given(cpu_sets)
 def test_split_pool_with_decode_moves_only_the_kv_pool_to_the_decode_cores(cpus: list[int]) -> None:
     with_decode, alone = LAYOUTS["split-pool-with-decode"], LAYOUTS["split-decode-alone"]
-    assert with_decode.spill_workers == 0 and not with_decode.turn_roles
+    assert with_decode.spill_workers == 0 and not with_decode.turns.roles
     for role in ("prefill", "decode", "service"):
         assert with_decode.place(role, cpus) == alone.place(role, cpus)
     assert with_decode.place("pool", cpus).cpus == alone.place("decode", cpus).cpus
@@ -133,8 +133,8 @@ def test_prefill_first_places_as_shared_and_is_the_only_layout_whose_decode_wait
     first, shared = layout_named("prefill-first", "float32", 4), LAYOUTS["shared"]
     for role in ("prefill", "decode", "service"):
         assert first.place(role, cpus) == shared.place(role, cpus)
-    assert "decode" in first.turn_roles and {"prefill", "spill"} <= first.turn_roles
-    waiting = [layout.name for layout in LAYOUTS.values() if "decode" in layout.turn_roles]
+    assert "decode" in first.turns.roles and {"prefill", "spill"} <= first.turns.roles
+    waiting = [layout.name for layout in LAYOUTS.values() if "decode" in layout.turns.roles]
     assert waiting == ["prefill-first", "split-spill-first"]
 
 
@@ -146,5 +146,5 @@ def test_split_spill_first_places_as_split_spill_and_only_its_spill_engine_takes
     assert first.spill_workers == spill.spill_workers == 1
     for role in ("prefill", "decode", "spill", "service", "pool"):
         assert first.place(role, cpus) == spill.place(role, cpus)
-    assert first.turn_roles == {"spill", "decode"} and first.turn_max_wait_ms is not None
-    assert not spill.turn_roles
+    assert first.turns.roles == {"spill", "decode"} and first.turns.max_wait_ms is not None
+    assert not spill.turns.roles

@@ -100,27 +100,29 @@ def test_split_pool_with_decode_pins_the_kv_pool_to_the_decode_core(monkeypatch:
         assert up.service_cpus(cfg, started[name]) == (0,)
 
 
+def lock_args(cfg: UpSettings) -> list[str]:
+    """The flag that makes an engine take turns: one lock file per stack, beside its logs."""
+    return ["--prefill-first-lock", str(cfg.log_dir.resolve() / up.PREFILL_FIRST_LOCK)]
+
+
 def test_prefill_first_gives_every_engine_one_lock_beside_the_logs_and_other_layouts_none(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
-    first = commands(up.parse_args(["--cpu-layout", "prefill-first", "--log-dir", str(tmp_path)]))
-    lock = ["--prefill-first-lock", str(tmp_path.resolve() / up.PREFILL_FIRST_LOCK)]
-    assert first["prefill-0"][-2:] == first["decode-0"][-2:] == lock
+    cfg, first = on_two_cpus(monkeypatch, "prefill-first")
+    assert first["prefill-0"][-2:] == first["decode-0"][-2:] == lock_args(cfg)
     assert "--prefill-first-lock" not in first["gateway"] + first["kvpool-0"] + first["batcher-0"]
     assert "--prefill-first-max-wait-ms" not in first["decode-0"]  # the decode worker's default bound
     for name in ("shared", "split", "split-spill"):
-        started = commands(up.parse_args(["--cpu-layout", name, "--log-dir", str(tmp_path)]))
+        started = on_two_cpus(monkeypatch, name)[1]
         assert not any("--prefill-first-lock" in argv for argv in started.values())
 
 
 def test_split_spill_first_has_the_spill_engine_and_decode_take_turns_and_the_prefill_core_none(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
-    started = commands(up.parse_args(["--cpu-layout", "split-spill-first", "--log-dir", str(tmp_path)]))
-    lock = ["--prefill-first-lock", str(tmp_path.resolve() / up.PREFILL_FIRST_LOCK)]
-    wait = str(LAYOUTS["split-spill-first"].turn_max_wait_ms)
+    cfg, started = on_two_cpus(monkeypatch, "split-spill-first")
+    lock = lock_args(cfg)
+    wait = str(LAYOUTS["split-spill-first"].turns.max_wait_ms)
     assert started["prefill-1"][-2:] == ["--intake", "idle"] and started["prefill-1"][-4:-2] == lock
     assert started["decode-0"][-4:] == [*lock, "--prefill-first-max-wait-ms", wait]
     assert "--prefill-first-lock" not in started["prefill-0"]  # its own core: it waits for no one

@@ -58,6 +58,19 @@ def format_cpus(cpus: Sequence[int]) -> str:
     return ",".join(str(c) for c in sorted(cpus))
 
 
+@dataclass(frozen=True, slots=True)
+class Turns:
+    """Engine roles that take turns on the cores they share: a decode step among them waits for the
+    prefill forward in flight, at most `max_wait_ms` (None: the decode worker's default), and the next
+    forward waits for that step. No roles: each engine computes whenever it has work."""
+
+    roles: frozenset[Role] = frozenset()
+    max_wait_ms: int | None = None
+
+
+NO_TURNS = Turns()
+
+
 class CpuLayout(Protocol):
     @property
     def name(self) -> str: ...
@@ -68,14 +81,8 @@ class CpuLayout(Protocol):
         ...
 
     @property
-    def turn_roles(self) -> frozenset[Role]:
-        """The engine roles that take turns on the cores they share (`alignedserve.service.compute_turns`):
-        a decode step among them waits for the prefill forward in flight, the next forward for that step."""
-        ...
-
-    @property
-    def turn_max_wait_ms(self) -> int | None:
-        """The longest a decode step waits for a forward in flight (None: the decode worker's default)."""
+    def turns(self) -> Turns:
+        """Which engines take turns on the cores they share (`alignedserve.service.compute_turns`)."""
         ...
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement: ...
@@ -87,8 +94,7 @@ class Shared:
 
     name: str = "shared"
     spill_workers: int = 0
-    turn_roles: frozenset[Role] = frozenset()
-    turn_max_wait_ms: int | None = None
+    turns: Turns = NO_TURNS
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Placement(len(cpus), tuple(cpus))
@@ -100,8 +106,7 @@ class PrefillYields:
 
     name: str = "prefill-yields"
     spill_workers: int = 0
-    turn_roles: frozenset[Role] = frozenset()
-    turn_max_wait_ms: int | None = None
+    turns: Turns = NO_TURNS
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Placement(len(cpus), tuple(cpus), PREFILL_NICE if role in ("prefill", "spill") else 0)
@@ -115,8 +120,7 @@ class PrefillFirst:
 
     name: str = "prefill-first"
     spill_workers: int = 0
-    turn_roles: frozenset[Role] = frozenset({"prefill", "spill", "decode"})
-    turn_max_wait_ms: int | None = None
+    turns: Turns = Turns(frozenset({"prefill", "spill", "decode"}))
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Shared().place(role, cpus)
@@ -130,8 +134,7 @@ class Split:
 
     name: str = "split"
     spill_workers: int = 0
-    turn_roles: frozenset[Role] = frozenset()
-    turn_max_wait_ms: int | None = None
+    turns: Turns = NO_TURNS
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         if len(cpus) < 2:
@@ -155,8 +158,7 @@ class SplitSpill:
 
     name: str = "split-spill"
     spill_workers: int = 1
-    turn_roles: frozenset[Role] = frozenset()
-    turn_max_wait_ms: int | None = None
+    turns: Turns = NO_TURNS
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Split().place("decode" if role == "spill" else role, cpus)
@@ -174,8 +176,7 @@ class SplitSpillFirst:
 
     name: str = "split-spill-first"
     spill_workers: int = 1
-    turn_roles: frozenset[Role] = frozenset({"spill", "decode"})
-    turn_max_wait_ms: int | None = 50
+    turns: Turns = Turns(frozenset({"spill", "decode"}), max_wait_ms=50)
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return SplitSpill().place(role, cpus)
@@ -191,8 +192,7 @@ class SplitDecodeAlone:
 
     name: str = "split-decode-alone"
     spill_workers: int = 0
-    turn_roles: frozenset[Role] = frozenset()
-    turn_max_wait_ms: int | None = None
+    turns: Turns = NO_TURNS
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Split().place("prefill" if role in ("service", "pool") else role, cpus)
@@ -209,8 +209,7 @@ class SplitPoolWithDecode:
 
     name: str = "split-pool-with-decode"
     spill_workers: int = 0
-    turn_roles: frozenset[Role] = frozenset()
-    turn_max_wait_ms: int | None = None
+    turns: Turns = NO_TURNS
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Split().place("prefill" if role == "service" else role, cpus)

@@ -121,11 +121,12 @@ def cpu_placements(cfg: UpSettings) -> dict[Role, list[str]]:
 def turn_args(cfg: UpSettings, layout: CpuLayout, role: Role) -> list[str]:
     """The flags that make an engine of `role` take turns with the layout's other turn-takers: one lock
     file per stack, and the decode step's bound on its wait where the layout sets one."""
-    if role not in layout.turn_roles:
+    turns = layout.turns
+    if role not in turns.roles:
         return []
     args = ["--prefill-first-lock", str(cfg.log_dir.resolve() / PREFILL_FIRST_LOCK)]
-    if role == "decode" and layout.turn_max_wait_ms is not None:
-        args += ["--prefill-first-max-wait-ms", str(layout.turn_max_wait_ms)]
+    if role == "decode" and turns.max_wait_ms is not None:
+        args += ["--prefill-first-max-wait-ms", str(turns.max_wait_ms)]
     return args
 
 
