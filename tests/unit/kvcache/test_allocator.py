@@ -27,6 +27,17 @@ def test_allocate_extend_free_track_tables_and_free_count() -> None:
     assert allocator.num_free == 9 and "a" not in allocator
 
 
+def test_freed_blocks_are_reused_first_in_table_order() -> None:
+    """A stack: the next request takes the blocks freed last (memory written recently), ascending."""
+    allocator = BlockAllocator(num_blocks=10, block_size=4)
+    allocator.allocate("a", 12)  # [0, 1, 2]
+    allocator.allocate("b", 8)  # [3, 4]
+    allocator.free("a")
+    assert allocator.allocate("c", 8) == [0, 1]
+    allocator.free("b")
+    assert allocator.allocate("d", 16) == [3, 4, 2, 5]  # b's, then a's last one, then never-used ones
+
+
 def test_refusal_beyond_capacity_changes_nothing() -> None:
     allocator = BlockAllocator(num_blocks=4, block_size=16)
     allocator.allocate("a", 40)  # 3 blocks

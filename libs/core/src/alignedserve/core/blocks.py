@@ -38,9 +38,13 @@ class BlockAllocator:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # FIFO reuse keeps recently freed blocks cold a little longer; ascending at start so that a
-        # fresh request gets consecutive blocks.
-        self._free: deque[int] = deque(range(num_blocks))
+        # A stack (the last freed block is the next taken): reused blocks are ones whose memory was
+        # written recently. On CPU the cache is anonymous memory that the OS maps page by page on first
+        # write, so a queue that cycles through every block pays a page fault per 4 KiB of each new
+        # request's KV (measured: importing 1,000 tokens of SmolLM2's bf16 KV took 18 ms into
+        # never-written blocks, 5 ms into reused ones), and its pages stay mapped: RSS = the whole
+        # cache. The top of the stack holds ascending ids, so a fresh request gets consecutive blocks.
+        self._free: deque[int] = deque(range(num_blocks - 1, -1, -1))
         self._tables: dict[str, list[int]] = {}
 
     @classmethod
@@ -105,7 +109,7 @@ class BlockAllocator:
         table = self._tables.pop(request_id, None)
         if table is None:
             return 0
-        self._free.extend(table)
+        self._free.extend(reversed(table))  # its first block is taken first: tables stay ascending
         return len(table)
 
     def _table(self, request_id: str) -> list[int]:
@@ -117,4 +121,4 @@ class BlockAllocator:
     def _take(self, count: int) -> list[int]:
         if count > len(self._free):
             raise OutOfBlocks(count, len(self._free), self.num_blocks)
-        return [self._free.popleft() for _ in range(count)]
+        return [self._free.pop() for _ in range(count)]
