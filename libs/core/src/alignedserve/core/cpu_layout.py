@@ -241,8 +241,8 @@ AUTO_BY_DTYPE: dict[str, str] = {"bfloat16": "split", "float32": "shared"}
 # the prefill core leaves"). With more cores the spill engine's threads would share the decode cores
 # with decode's own, barriers and all, which is not measured: split there.
 SPILL_AUTO = ("bfloat16", 2)  # (dtype, CPU count)
-# Since, with the spill engine and decode taking turns on the decode core: 0.68x / 0.82x split-spill's
-# mean TTFT for 1.01x / 0.95x its tokens/s ("The spill engine and decode taking turns").
+# Since, the same placement with the spill engine and decode taking turns (`SplitSpillFirst` gives the
+# measurement).
 SPILL_AUTO_LAYOUT = "split-spill-first"
 # The same on a CPU with AMX tiles, where prefill computes on them and leaves its core time to spare:
 # split-decode-alone (docs/benchmarks.md, "The decode engine alone on its core"), with the KV pool beside
