@@ -161,6 +161,9 @@ async def _measure(
                     "copy_gbps": _copy_gbps(nbytes, device, repeats),
                 }
             )
+        # Asked while the context lives: after the release a query would start a new one, whose
+        # notifier thread nothing stops, and the process would never exit.
+        transports, negotiated = _transports(ucxx), negotiation(ucxx).describe()
     finally:
         await raw.close()
         await endpoint.close()
@@ -171,8 +174,8 @@ async def _measure(
         "cases": cases,
         "repeats": repeats,
         "chunk_bytes": chunk_bytes,
-        "transport": _transports(ucxx),
-        "ucx": {**negotiation(ucxx).describe(), "kv_bytes_by_memory": memory},
+        "transport": transports,
+        "ucx": {**negotiated, "kv_bytes_by_memory": memory},
     }
 
 
