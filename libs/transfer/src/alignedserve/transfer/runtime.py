@@ -1,10 +1,16 @@
 """The process's UCX context: environment defaults, progress mode, lifetime tied to the event loop.
 
 ucxx keeps one context (one UCX worker) per process. We run it in ucxx's "thread" progress mode with
-Python futures: a C++ thread progresses the worker (blocking on its epoll fd, so idle costs no CPU) and
-moves bytes while the event loop hashes and schedules; completions reach asyncio through a notifier
-thread instead of the loop polling the worker. On a 2-core box this measured about 2x the throughput of
-the "blocking" and "polling" modes, which progress UCX on the event loop itself.
+Python futures: a C++ thread progresses the worker (blocking on its epoll fd) and moves bytes while the
+event loop hashes and schedules; completions reach asyncio through a notifier thread instead of the
+loop polling the worker. On a 2-core box this measured about 2x the throughput of the "blocking" and
+"polling" modes, which progress UCX on the event loop itself.
+
+ucxx starts that thread with a 1 ms epoll timeout, so an idle process woke ~900 times a second (1 % of
+a core each, four such processes on one host) and preempted the engine sharing its core. The thread is
+restarted with `PROGRESS_EPOLL_TIMEOUT_MS`: UCX's events and ucxx's own signal (on every submission
+and on stop) still wake it at once. On the AVX-512 BF16 host the stack served 1.06x the output tokens
+(docs/benchmarks.md, "The UCX progress thread's wake-ups").
 
 The context binds to the running loop, so it is created by the first user inside the loop and torn
 down when the last user leaves (a later loop, e.g. another test, gets a fresh one).
@@ -29,6 +35,9 @@ UCX_ENV_DEFAULTS: dict[str, str] = {
     "UCXPY_CONNECT_TIMEOUT": "5",
 }
 
+# How long the progress thread sleeps on its epoll fd when nothing wakes it (ucxx's default: 1 ms).
+PROGRESS_EPOLL_TIMEOUT_MS = 50
+
 _log = logging.getLogger(__name__)
 
 
@@ -50,6 +59,7 @@ class UcxRuntime:
             self._reset(ucxx)
         if self._loop is None:
             ucxx.init()
+            _slow_the_idle_progress_thread(ucxx)
             self._loop = loop
         self._users += 1
         return ucxx
@@ -76,6 +86,14 @@ class UcxRuntime:
             _log.warning("UCX context reset incomplete: %s", error)
             ucxx.stop_notifier_thread()
         self._loop = None
+
+
+def _slow_the_idle_progress_thread(ucxx: ModuleType) -> None:
+    """Restart the context's progress thread with `PROGRESS_EPOLL_TIMEOUT_MS` (ucxx 0.52 hard-codes
+    1 ms in `ThreadMode` and exposes the worker only through its private `_get_ctx`)."""
+    worker = ucxx.core._get_ctx().worker
+    worker.stop_progress_thread()
+    worker.start_progress_thread(polling_mode=False, epoll_timeout=PROGRESS_EPOLL_TIMEOUT_MS)
 
 
 UCX = UcxRuntime()
