@@ -9,7 +9,7 @@ loop polling the worker. On a 2-core box this measured about 2x the throughput o
 ucxx starts that thread with a 1 ms epoll timeout, so an idle process woke ~900 times a second (1 % of
 a core each, four such processes on one host) and preempted the engine sharing its core. The thread is
 restarted with `PROGRESS_EPOLL_TIMEOUT_MS`: UCX's events and ucxx's own signal (on every submission
-and on stop) still wake it at once. On the AVX-512 BF16 host the stack served 1.06x the output tokens
+and on stop) still wake it at once. On the AVX-512 BF16 host the stack served 1.08x the output tokens
 (docs/benchmarks.md, "The UCX progress thread's wake-ups").
 
 The context binds to the running loop, so it is created by the first user inside the loop and torn
