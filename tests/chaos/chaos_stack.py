@@ -144,7 +144,7 @@ def start_stack(
 def _start_once(
     bus_url: str, log_dir: Path, *, decode: int, env: dict[str, str], deployment: str
 ) -> ChaosStack:
-    base = free_port_block(8, first=41000)  # away from the e2e tests' range
+    base = free_port_block(8, first=12000)  # away from the e2e tests' range
     cfg = UpSettings(
         host="127.0.0.1", port=base, bus=bus_url, policy="aligned", prefetch="on", prefill=1, decode=decode,
         model="smollm2", device="cpu", dtype="float32", metrics_base_port=base + 1, log_dir=log_dir,

@@ -39,7 +39,7 @@ def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     parts = urlsplit(redis_url)
     bus = urlunsplit((parts.scheme, parts.netloc, f"/{DB}", parts.query, ""))
     redis.Redis.from_url(bus).flushdb()
-    base = free_port_block(6, first=30000)
+    base = free_port_block(6, first=16000)
     cfg = UpSettings(
         host="127.0.0.1", port=base, bus=bus, policy="aligned", prefetch="on", prefill=1, decode=1,
         model="smollm2", device="cpu", dtype="float32", metrics_base_port=base + 1,
