@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import statistics
 import sys
 import time
@@ -161,9 +160,9 @@ async def _measure(
                     "copy_gbps": _copy_gbps(nbytes, device, repeats),
                 }
             )
-        # Asked while the context lives: after the release a query would start a new one, whose
-        # notifier thread nothing stops, and the process would never exit.
-        transports, negotiated = _transports(ucxx), negotiation(ucxx).describe()
+        # Read while the context lives: after the release a query of ucxx would start a new context,
+        # whose notifier thread nothing stops, and the process would never exit.
+        negotiated = negotiation(ucxx)
     finally:
         await raw.close()
         await endpoint.close()
@@ -174,8 +173,8 @@ async def _measure(
         "cases": cases,
         "repeats": repeats,
         "chunk_bytes": chunk_bytes,
-        "transport": transports,
-        "ucx": {**negotiated, "kv_bytes_by_memory": memory},
+        "transport": list(negotiated.transports),
+        "ucx": {**negotiated.describe(), "kv_bytes_by_memory": memory},
     }
 
 
@@ -194,12 +193,5 @@ async def _alternate(raw_once: Any, kv_once: Any, repeats: int) -> tuple[float, 
     return statistics.median(raw_times), statistics.median(kv_times)
 
 
-def _transports(ucxx: Any) -> list[str]:
-    return sorted(ucxx.get_active_transports())
-
-
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    sys.stdout.flush()
-    # ucxx's notifier thread outlives the UCX reset here and would keep the interpreter from exiting
-    os._exit(code)
+    raise SystemExit(main(sys.argv[1:]))
