@@ -55,13 +55,13 @@ def test_auto_is_the_layout_measured_for_the_engines_dtype_and_an_unknown_name_l
     assert layout_named("auto", "bfloat16", 2) is LAYOUTS["split-spill-first"]  # as measured: one core a side
     assert layout_named("auto", "bfloat16", 2, amx_tiles=True) is LAYOUTS["split-pool-with-decode"]
     assert layout_named("auto", "bfloat16", 4, amx_tiles=True) is LAYOUTS["split"]
-    assert layout_named("auto", "float32", 2, amx_tiles=True) is LAYOUTS["shared"]
+    assert layout_named("auto", "float32", 2, amx_tiles=True) is LAYOUTS["prefill-leads"]
     assert layout_named("auto", "bfloat16", 4) is LAYOUTS["split"]
     assert layout_named("auto", "bfloat16", 1) is LAYOUTS["split"]  # one core: split places as shared
-    assert layout_named("auto", "float32", 2) is LAYOUTS["shared"]
+    assert layout_named("auto", "float32", 2) is LAYOUTS["prefill-leads"]
     assert layout_named("auto", "float16", 2) is LAYOUTS["split"]  # not a CPU dtype: no measurement
     with pytest.raises(
-        ValueError, match="choose auto or one of shared, prefill-yields, prefill-first, split"
+        ValueError, match="choose auto or one of shared, prefill-yields, prefill-first, prefill-leads, split"
     ):
         layout_named("spread", "float32", 2)
 
@@ -135,7 +135,16 @@ def test_prefill_first_places_as_shared_and_is_the_only_layout_whose_decode_wait
         assert first.place(role, cpus) == shared.place(role, cpus)
     assert "decode" in first.turns.roles and {"prefill", "spill"} <= first.turns.roles
     waiting = [layout.name for layout in LAYOUTS.values() if "decode" in layout.turns.roles]
-    assert waiting == ["prefill-first", "split-spill-first"]
+    assert waiting == ["prefill-first", "prefill-leads", "split-spill-first"]
+
+
+@given(cpu_sets)
+def test_prefill_leads_is_prefill_first_with_a_100_ms_bound_on_the_decode_wait(cpus: list[int]) -> None:
+    leads, first = LAYOUTS["prefill-leads"], LAYOUTS["prefill-first"]
+    for role in ("prefill", "spill", "decode", "pool", "service"):
+        assert leads.place(role, cpus) == first.place(role, cpus)
+    assert leads.turns.roles == first.turns.roles and leads.spill_workers == 0
+    assert (leads.turns.max_wait_ms, first.turns.max_wait_ms) == (100, None)
 
 
 @given(cpu_sets)

