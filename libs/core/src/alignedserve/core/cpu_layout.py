@@ -132,7 +132,7 @@ class PrefillLeads:
     stepping beside it: a dial between `shared` (throughput) and `prefill-first` (TTFT). On the float32
     AVX2 host, against `shared`: 0.72x / 0.87x its mean TTFT (Azure trace / 95 %-short mix) for 0.91x /
     0.88x its output tokens/s, P99 TPOT 2.1x / 1.4x; `prefill-first` (500 ms) gave 0.37x / 0.45x the
-    mean TTFT for 0.94x / 0.83x the tokens, P99 TPOT 4.2x / 2.2x (docs/benchmarks.md, "Prefill leads on
+    mean TTFT for 0.94x / 0.82x the tokens, P99 TPOT 4.2x / 2.2x (docs/benchmarks.md, "Prefill leads on
     float32 hosts")."""
 
     name: str = "prefill-leads"
