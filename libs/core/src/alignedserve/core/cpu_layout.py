@@ -69,6 +69,7 @@ class Turns:
 
 
 NO_TURNS = Turns()
+EVERY_ENGINE: frozenset[Role] = frozenset({"prefill", "spill", "decode"})  # every engine takes turns
 
 
 class CpuLayout(Protocol):
@@ -120,7 +121,7 @@ class PrefillFirst:
 
     name: str = "prefill-first"
     spill_workers: int = 0
-    turns: Turns = Turns(frozenset({"prefill", "spill", "decode"}))
+    turns: Turns = Turns(EVERY_ENGINE)
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Shared().place(role, cpus)
@@ -137,10 +138,10 @@ class PrefillLeads:
 
     name: str = "prefill-leads"
     spill_workers: int = 0
-    turns: Turns = Turns(frozenset({"prefill", "spill", "decode"}), max_wait_ms=100)
+    turns: Turns = Turns(EVERY_ENGINE, max_wait_ms=100)
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
-        return Shared().place(role, cpus)
+        return PrefillFirst().place(role, cpus)
 
 
 @dataclass(frozen=True, slots=True)
