@@ -117,6 +117,14 @@ class ServiceProcess:
         return self.process.wait()
 
 
+def stop_cleanly(*processes: ServiceProcess) -> None:
+    """SIGTERM each in turn (each drains); every one must exit 0. A failure shows the logs of those that
+    did not, and only theirs (the ones that did would push them out of a CI log's tail)."""
+    stopped = [(process, process.stop()) for process in processes]
+    failed = [f"{p.log_path.name} exited {code}:\n{p.logs()}" for p, code in stopped if code != 0]
+    assert not failed, "\n".join(failed)
+
+
 async def eventually(check: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():

@@ -29,6 +29,7 @@ from service_procs import (
     flush_db,
     free_port,
     listening,
+    stop_cleanly,
 )
 from test_prefill_service import save_tiny_model
 
@@ -92,8 +93,7 @@ def cluster(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         prefill.wait_ready()
         yield Cluster(root, url, model_dir, pool, prefill)
     finally:
-        codes = prefill.stop(), pool.stop()
-        assert codes == (0, 0), f"exit codes {codes}\n{prefill.logs()}\n{pool.logs()}"
+        stop_cleanly(prefill, pool)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -170,8 +170,7 @@ async def test_requests_waiting_in_the_pool_complete_after_the_batcher_is_killed
             await eventually(lambda: everyone <= finished(tokens).keys(), "every request to finish", 90.0)
             assert pool.metric("alignedserve:kv_pool_reannounced_total") == 7  # to the new batcher only
             await eventually(lambda: pool.metric("alignedserve:kv_pool_used_bytes") == 0, "an empty pool")
-            codes = new.stop(), decode.stop()
-            assert codes == (0, 0), f"exit codes {codes}\n{new.logs()}\n{decode.logs()}"
+            stop_cleanly(new, decode)
         finally:
             for process in started:
                 if process.process.poll() is None:

@@ -33,6 +33,7 @@ from service_procs import (
     flush_db,
     free_port,
     listening,
+    stop_cleanly,
 )
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
@@ -123,8 +124,7 @@ def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         )
         yield Stack(pool, prefill, PeerAddress("127.0.0.1", pool_port), url, model_dir, engine)
     finally:
-        codes = prefill.stop(), pool.stop()
-        assert codes == (0, 0), f"exit codes {codes}\n{prefill.logs()}\n{pool.logs()}"
+        stop_cleanly(prefill, pool)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -8,6 +8,9 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
+import time
 from typing import ClassVar
 
 import httpx
@@ -177,3 +180,31 @@ def test_gateway_main_reports_bad_config_with_exit_code_2(capsys: pytest.Capture
     assert "--max-inflight (or env ALIGNEDSERVE_GATEWAY_MAX_INFLIGHT / ALIGNEDSERVE_MAX_INFLIGHT)" in err
     assert gateway_main(["--backend", "engine", "--tokenizer", "x"]) == 2
     assert "--tokenizer applies to --backend bus only" in capsys.readouterr().err
+
+
+HANGING_TEARDOWN = """
+import asyncio, os, signal, time
+from alignedserve.service.drain import Drain
+
+async def serve():
+    drain = Drain(timeout_s=5.0, teardown_grace_s=0.5)
+    drain.install_signal_handlers()
+    os.kill(os.getpid(), signal.SIGTERM)
+    await drain.wait_begun()
+    await drain.wait_idle()
+
+asyncio.run(serve())
+time.sleep(60)  # a teardown that never returns (a UCX context that does not let go)
+"""
+
+
+def test_a_signalled_service_whose_teardown_hangs_exits_after_the_grace_with_its_stacks() -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", HANGING_TEARDOWN], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 20  # the grace, not the 60 s hang
+    assert "teardown_stuck" in done.stdout + done.stderr
+    hung_at = 1 + next(i for i, line in enumerate(HANGING_TEARDOWN.splitlines()) if "time.sleep" in line)
+    assert f'File "<string>", line {hung_at}' in done.stderr, done.stderr  # the stack says where it hung

@@ -3,13 +3,21 @@
 Order on SIGTERM (what Kubernetes and `alignedserve up` expect):
 1. `draining` turns on: /ready answers 503 and new work is refused, so load balancers move away;
 2. in-flight work (counted with `track()`) runs to completion, for at most `timeout_s`;
-3. the service stops. A second SIGTERM/SIGINT skips the wait.
+3. the service stops. A second SIGTERM/SIGINT skips the wait;
+4. a service built with `teardown_grace_s` (every service process) then has that long to close its bus,
+   UCX context and threads and exit. A teardown that hangs past it (seen once: a UCX context that did
+   not let go) writes every thread's stack to stderr and ends the process with exit code 0: its work
+   drained, nothing is left to lose, and it must not sit in Terminating until the kubelet's SIGKILL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import faulthandler
+import os
 import signal
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,14 +25,18 @@ from alignedserve.service.logs import get_logger
 
 log = get_logger(__name__)
 
+TEARDOWN_GRACE_S = 10.0  # closing the UCX context takes ~2 s on a loaded 2-core host; 5x that is a hang
+
 
 class Drain:
     """Tracks in-flight work and the drain state of one service (use it from the event loop only)."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, teardown_grace_s: float | None = None) -> None:
         if timeout_s <= 0:
             raise ValueError(f"drain timeout must be > 0 seconds, got {timeout_s}")
         self.timeout_s = timeout_s
+        self.teardown_grace_s = teardown_grace_s  # None: the process's owner ends it (tests, benches)
+        self._signalled = False
         self._in_flight = 0
         self._begun = asyncio.Event()
         self._forced = asyncio.Event()
@@ -47,6 +59,7 @@ class Drain:
             loop.add_signal_handler(sig, self._on_signal, sig)
 
     def _on_signal(self, sig: signal.Signals) -> None:
+        self._signalled = True
         if self.draining:
             log.warning("drain_forced", signal=sig.name)
             self._forced.set()
@@ -93,4 +106,22 @@ class Drain:
             forced.cancel()
         drained = self._idle.is_set()
         log.info("drain_finished", drained=drained, in_flight=self._in_flight)
+        if self._signalled and self.teardown_grace_s is not None:
+            exit_if_still_running(self.teardown_grace_s)
         return drained
+
+
+def exit_if_still_running(after_s: float) -> None:
+    """End the process `after_s` from now unless it has exited by then, with every thread's stack on
+    stderr (where the teardown hung). A daemon thread: it runs while the interpreter joins threads and
+    runs its exit hooks, where such hangs happen."""
+
+    def expire() -> None:
+        log.warning("teardown_stuck", grace_s=after_s)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(0)
+
+    timer = threading.Timer(after_s, expire)
+    timer.daemon = True
+    timer.start()

@@ -16,7 +16,7 @@ from alignedserve.gateway.app import create_app
 from alignedserve.gateway.backend import GenerationBackend
 from alignedserve.gateway.config import GatewaySettings
 from alignedserve.gateway.tokenizer import PromptTokenizer, load_prompt_tokenizer
-from alignedserve.service.drain import Drain
+from alignedserve.service.drain import TEARDOWN_GRACE_S, Drain
 from alignedserve.service.http import HttpServer
 from alignedserve.service.logs import configure_logging, get_logger
 
@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
 
 
 async def serve(settings: GatewaySettings) -> int:
-    drain = Drain(settings.drain_timeout_s)
+    drain = Drain(settings.drain_timeout_s, teardown_grace_s=TEARDOWN_GRACE_S)
     drain.install_signal_handlers()
     backend, tokenizer = await build_backend(settings)
     app = create_app(settings, backend, tokenizer, drain)
