@@ -10,7 +10,7 @@ import pytest
 from alignedserve.transfer.address import PeerAddress
 from alignedserve.transfer.client import TransferClient
 from alignedserve.transfer.connection import Connection
-from alignedserve.transfer.errors import PeerUnavailable
+from alignedserve.transfer.errors import ClientClosed, PeerUnavailable
 
 DEAD = PeerAddress("127.0.0.1", 9)
 
@@ -48,3 +48,13 @@ async def test_a_transfer_that_starts_waiting_after_the_failure_tries_again(
         with pytest.raises(PeerUnavailable):
             await client._connection(DEAD)
     assert dead.tries == 2
+
+
+async def test_a_closed_client_opens_no_ucx_context_for_a_late_transfer() -> None:
+    """A transfer still running when its service stops must fail, not open a UCX context that nobody
+    releases (its notifier thread would keep the process from exiting)."""
+    client = TransferClient()
+    await client.close()
+    with pytest.raises(ClientClosed):
+        await client.pull(DEAD, "late", bytearray(8))
+    assert client._ucxx is None and client.stats.failures == 0

@@ -184,15 +184,16 @@ def test_gateway_main_reports_bad_config_with_exit_code_2(capsys: pytest.Capture
 
 HANGING_TEARDOWN = """
 import asyncio, os, signal, time
-from alignedserve.service.drain import Drain
+from alignedserve.service.drain import Drain, exit_on_stuck_teardown
 
 async def serve():
-    drain = Drain(timeout_s=5.0, teardown_grace_s=0.5)
+    drain = Drain(timeout_s=5.0)
     drain.install_signal_handlers()
     os.kill(os.getpid(), signal.SIGTERM)
     await drain.wait_begun()
     await drain.wait_idle()
 
+exit_on_stuck_teardown(0.5)
 asyncio.run(serve())
 time.sleep(60)  # a teardown that never returns (a UCX context that does not let go)
 """

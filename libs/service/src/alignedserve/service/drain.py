@@ -4,8 +4,8 @@ Order on SIGTERM (what Kubernetes and `alignedserve up` expect):
 1. `draining` turns on: /ready answers 503 and new work is refused, so load balancers move away;
 2. in-flight work (counted with `track()`) runs to completion, for at most `timeout_s`;
 3. the service stops. A second SIGTERM/SIGINT skips the wait;
-4. a service built with `teardown_grace_s` (every service process) then has that long to close its bus,
-   UCX context and threads and exit. A teardown that hangs past it (seen once: a UCX context that did
+4. a service process (its main called `exit_on_stuck_teardown`) then has `TEARDOWN_GRACE_S` to close
+   its bus, UCX context and threads and exit. A teardown that hangs past it (seen once: a UCX context that did
    not let go) writes every thread's stack to stderr and ends the process with exit code 0: its work
    drained, nothing is left to lose, and it must not sit in Terminating until the kubelet's SIGKILL.
 """
@@ -26,16 +26,25 @@ from alignedserve.service.logs import get_logger
 log = get_logger(__name__)
 
 TEARDOWN_GRACE_S = 10.0  # closing the UCX context takes ~2 s on a loaded 2-core host; 5x that is a hang
+# set by a service process's main only: a service run inside another process (a test, a bench) must
+# never end that process
+_teardown_grace_s: float | None = None
+
+
+def exit_on_stuck_teardown(grace_s: float = TEARDOWN_GRACE_S) -> None:
+    """From a service process's main, before it serves: after a signalled drain, end the process if its
+    teardown has not within `grace_s` (step 4 above)."""
+    global _teardown_grace_s
+    _teardown_grace_s = grace_s
 
 
 class Drain:
     """Tracks in-flight work and the drain state of one service (use it from the event loop only)."""
 
-    def __init__(self, timeout_s: float, teardown_grace_s: float | None = None) -> None:
+    def __init__(self, timeout_s: float) -> None:
         if timeout_s <= 0:
             raise ValueError(f"drain timeout must be > 0 seconds, got {timeout_s}")
         self.timeout_s = timeout_s
-        self.teardown_grace_s = teardown_grace_s  # None: the process's owner ends it (tests, benches)
         self._signalled = False
         self._in_flight = 0
         self._begun = asyncio.Event()
@@ -106,8 +115,8 @@ class Drain:
             forced.cancel()
         drained = self._idle.is_set()
         log.info("drain_finished", drained=drained, in_flight=self._in_flight)
-        if self._signalled and self.teardown_grace_s is not None:
-            exit_if_still_running(self.teardown_grace_s)
+        if self._signalled and _teardown_grace_s is not None:
+            exit_if_still_running(_teardown_grace_s)
         return drained
 
 

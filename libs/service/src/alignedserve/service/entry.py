@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from alignedserve.bus import BusUnavailable
 from alignedserve.core.config import ConfigError, ServiceSettings, settings_or_exit_code
+from alignedserve.service.drain import exit_on_stuck_teardown
 from alignedserve.service.logs import configure_logging
 
 S = TypeVar("S", bound=ServiceSettings)
@@ -29,6 +30,7 @@ def run_service(
     if isinstance(settings, int):
         return settings
     configure_logging(name, settings.log_level, settings.log_format)
+    exit_on_stuck_teardown()  # this is the service's process: a teardown that hangs must not keep it
     try:
         return asyncio.run(serve(settings))
     except (ConfigError, *fatal) as exc:  # type: ignore[misc]  # mypy cannot read a starred tuple of types

@@ -29,7 +29,7 @@ from alignedserve.bus import (
 )
 from alignedserve.bus.messages import Message, ServiceKind, WorkerHeartbeat, WorkerState
 from alignedserve.core.config import WorkerSettings
-from alignedserve.service.drain import TEARDOWN_GRACE_S, Drain
+from alignedserve.service.drain import Drain
 from alignedserve.service.http import HttpServer, ops_app
 from alignedserve.service.logs import get_logger
 from alignedserve.service.ops_metrics import BusMetrics
@@ -48,7 +48,7 @@ class WorkerRuntime:
         self.worker_id = settings.worker_id
         self.registry = registry
         self.bus_metrics = BusMetrics(registry)
-        self.drain = Drain(settings.drain_timeout_s, teardown_grace_s=TEARDOWN_GRACE_S)
+        self.drain = Drain(settings.drain_timeout_s)
         self.ucx_address = b""
         self.kv_usage: KvUsage | None = None  # read at every beat (kvpool: its store's bytes)
         self._ready = False

@@ -13,6 +13,7 @@ from alignedserve.transfer.client import (
 from alignedserve.transfer.endpoint import TransferEndpoint
 from alignedserve.transfer.errors import (
     ChecksumMismatch,
+    ClientClosed,
     DestinationError,
     KeyNotFound,
     PeerUnavailable,
@@ -29,6 +30,7 @@ from alignedserve.transfer.server import DEFAULT_CHUNK_BYTES, PushSink, Transfer
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "ChecksumMismatch",
+    "ClientClosed",
     "ClientStats",
     "DestinationError",
     "DestinationFactory",

@@ -24,6 +24,7 @@ from alignedserve.transfer.connection import Connection
 from alignedserve.transfer.errors import (
     RETRYABLE_ERRORS,
     ChecksumMismatch,
+    ClientClosed,
     DestinationError,
     KeyNotFound,
     PeerUnavailable,
@@ -107,6 +108,7 @@ class TransferClient:
         # the last failed connect per peer (when it ended, why): shared by whoever waited for it
         self._connect_failed: dict[PeerAddress, tuple[float, PeerUnavailable]] = {}
         self._ucxx: Any = None
+        self._closed = False
 
     @property
     def connection_count(self) -> int:
@@ -139,6 +141,7 @@ class TransferClient:
         return attempts
 
     async def close(self) -> None:
+        self._closed = True  # a late transfer must not open a context nobody releases (its thread hangs exit)
         connections, self._connections = list(self._connections.values()), {}
         await asyncio.gather(*(connection.close() for connection in connections))
         if self._ucxx is not None:
@@ -240,6 +243,8 @@ class TransferClient:
             return connection
 
     async def _connect(self, peer: PeerAddress) -> Connection:
+        if self._closed:
+            raise ClientClosed(f"cannot connect to {peer}: the transfer client is closed")
         if self._ucxx is None:
             self._ucxx = UCX.acquire()
             self.stats.negotiation = negotiation(self._ucxx)

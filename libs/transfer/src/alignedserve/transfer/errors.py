@@ -33,6 +33,10 @@ class PeerUnavailable(TransferError):
     """Could not reach the peer, or the connection broke (peer died) during the transfer."""
 
 
+class ClientClosed(TransferError):
+    """A transfer started after its client closed (its service is stopping): no new UCX context for it."""
+
+
 class TransferTimeout(TransferError):
     """One attempt took longer than the retry policy's per-attempt timeout."""
 

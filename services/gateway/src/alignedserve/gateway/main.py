@@ -16,7 +16,7 @@ from alignedserve.gateway.app import create_app
 from alignedserve.gateway.backend import GenerationBackend
 from alignedserve.gateway.config import GatewaySettings
 from alignedserve.gateway.tokenizer import PromptTokenizer, load_prompt_tokenizer
-from alignedserve.service.drain import TEARDOWN_GRACE_S, Drain
+from alignedserve.service.drain import Drain, exit_on_stuck_teardown
 from alignedserve.service.http import HttpServer
 from alignedserve.service.logs import configure_logging, get_logger
 
@@ -28,6 +28,7 @@ def main(argv: list[str]) -> int:
     if isinstance(settings, int):  # bad config (2) or --check-config (0)
         return settings
     configure_logging("gateway", settings.log_level, settings.log_format)
+    exit_on_stuck_teardown()
     try:
         return asyncio.run(serve(settings))
     except (ConfigError, ModelLoadError) as exc:
@@ -38,7 +39,7 @@ def main(argv: list[str]) -> int:
 
 
 async def serve(settings: GatewaySettings) -> int:
-    drain = Drain(settings.drain_timeout_s, teardown_grace_s=TEARDOWN_GRACE_S)
+    drain = Drain(settings.drain_timeout_s)
     drain.install_signal_handlers()
     backend, tokenizer = await build_backend(settings)
     app = create_app(settings, backend, tokenizer, drain)
