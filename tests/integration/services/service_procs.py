@@ -112,7 +112,9 @@ class ServiceProcess:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # its stacks into its log first (`alignedserve` dumps on USR1)
+                self.process.send_signal(signal.SIGUSR1)
+                time.sleep(1.0)
                 self.process.kill()
         return self.process.wait()
 

@@ -5,9 +5,10 @@ Order on SIGTERM (what Kubernetes and `alignedserve up` expect):
 2. in-flight work (counted with `track()`) runs to completion, for at most `timeout_s`;
 3. the service stops. A second SIGTERM/SIGINT skips the wait;
 4. a service process (its main called `exit_on_stuck_teardown`) then has `TEARDOWN_GRACE_S` to close
-   its bus, UCX context and threads and exit. A teardown that hangs past it (seen once: a UCX context that did
-   not let go) writes every thread's stack to stderr and ends the process with exit code 0: its work
-   drained, nothing is left to lose, and it must not sit in Terminating until the kubelet's SIGKILL.
+   its bus, UCX context and threads and exit. A teardown that hangs past it (seen once in a test run: a
+   drained prefill worker still running 30 s after SIGTERM) writes every thread's stack to stderr and
+   ends the process with exit code 0: its work drained, nothing is left to lose, and it must not sit in
+   Terminating until the kubelet's SIGKILL.
 """
 
 from __future__ import annotations
