@@ -33,7 +33,7 @@ _teardown_grace_s: float | None = None
 
 
 def exit_on_stuck_teardown(grace_s: float = TEARDOWN_GRACE_S) -> None:
-    """From a service process's main, before it serves: after a signalled drain, end the process if its
+    """From a service process's main, before it serves: after its drain, end the process if its
     teardown has not within `grace_s` (step 4 above)."""
     global _teardown_grace_s
     _teardown_grace_s = grace_s
@@ -46,7 +46,6 @@ class Drain:
         if timeout_s <= 0:
             raise ValueError(f"drain timeout must be > 0 seconds, got {timeout_s}")
         self.timeout_s = timeout_s
-        self._signalled = False
         self._in_flight = 0
         self._begun = asyncio.Event()
         self._forced = asyncio.Event()
@@ -69,7 +68,6 @@ class Drain:
             loop.add_signal_handler(sig, self._on_signal, sig)
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        self._signalled = True
         if self.draining:
             log.warning("drain_forced", signal=sig.name)
             self._forced.set()
@@ -116,7 +114,7 @@ class Drain:
             forced.cancel()
         drained = self._idle.is_set()
         log.info("drain_finished", drained=drained, in_flight=self._in_flight)
-        if self._signalled and _teardown_grace_s is not None:
+        if _teardown_grace_s is not None:
             exit_if_still_running(_teardown_grace_s)
         return drained
 
