@@ -22,8 +22,11 @@ partitions, before the producer's own metadata request could auto-create it with
 a subscription whose consume loop lost the broker does the same for its topics before it reads again.
 None of this bus's clients lets a metadata request auto-create a topic (`_ExplicitTopicsOnly`): a broker
 that lost a topic would otherwise make it again on the first consumer's metadata refresh, with its own
-default partition count (tansu: 4). A subscription whose topic is gone from the metadata creates it again,
-logs what was lost and reads it from its start once assigned (all it holds came after the loss); so
+default partition count (tansu: 4). A subscription whose topic is gone from any metadata update reads it
+from its start once assigned again (all it holds came after the loss), whoever creates it again: a
+commit that was in flight when the broker died is retried by aiokafka onto the new, empty broker, and
+would otherwise set the group's offset past the new topic's first records. It creates the topic again
+if no one did and logs what was lost; so
 does a member that finds no commit of a partition it had before (the commits went with the broker's
 data), which then tells `ConsumerOptions.on_broker_loss`. A topic back with another partition count is
 logged as lost too. tansu also takes produces to a topic it lost, and a topic created after such records
@@ -519,6 +522,7 @@ class KafkaSubscription(Subscription):
         self._recreate = recreate
         self._cluster = consumer._client.cluster  # aiokafka's metadata cache (no public accessor)
         self._had: set[str] = set()  # topics the metadata showed partitions of
+        self._missing: set[str] = set()  # topics the metadata had and then lacked, until they are back
         self._unsure: set[str] = set()  # topics whose commit got no answer: the broker may have lost them
         self._next_recreate = 0.0
         partitions = self._cluster.partitions_for_topic
@@ -526,6 +530,24 @@ class KafkaSubscription(Subscription):
         self.listener = _Assignments(self._ready, dispatcher.name, partitions, consumer, self._on_loss)
         # the broker may have restarted without its storage: check that it still has our topics
         on_broken_connection(consumer._client, lambda: self._unsure.update(self._topics))
+        self._cluster.add_listener(self._on_metadata)
+
+    def _on_metadata(self, cluster: Any) -> None:
+        """On every metadata update (before the rejoin it may cause): a topic that had partitions and now
+        has none was lost by the broker, with its records and commits. Its partitions are read from their
+        start once assigned again, even if another process creates it first or a retried commit reached
+        the new broker: no offset of the old topic means anything in the new one."""
+        for topic in self._topics:
+            if cluster.partitions_for_topic(topic):
+                self._had.add(topic)
+                self._missing.discard(topic)
+            elif topic in self._had:
+                self._had.discard(topic)
+                self._missing.add(topic)
+                self.listener.rewind.add(topic)
+                log.warning("%s: Kafka topic %s is gone from the broker's metadata (restarted without its "
+                            "storage?): reading it from its start once it is back", self.dispatcher.name,
+                            topic)  # fmt: skip
 
     async def _run(self) -> None:
         while not self._stopping:
@@ -542,14 +564,10 @@ class KafkaSubscription(Subscription):
             await self._idle_poll(bool(batches))
 
     async def _recreate_lost_topics(self) -> None:
-        """Topics the metadata knew and no longer does: the broker lost them (restarted without its
-        storage). Created again here, since nothing auto-creates them (`_ExplicitTopicsOnly`)."""
-        suspects = set(self._unsure)
-        for topic in self._topics:
-            if self._cluster.partitions_for_topic(topic):
-                self._had.add(topic)
-            elif topic in self._had:
-                suspects.add(topic)
+        """Topics the metadata knew and no longer does, or any after a broken connection: the broker may
+        have lost them (restarted without its storage). Created again here if no one did yet, since
+        nothing auto-creates them (`_ExplicitTopicsOnly`)."""
+        suspects = self._unsure | self._missing
         if not suspects or time.monotonic() < self._next_recreate:
             return
         self._next_recreate = time.monotonic() + RECREATE_EVERY_S
@@ -562,6 +580,8 @@ class KafkaSubscription(Subscription):
                 "%s: could not check Kafka topics %s yet: %r", self.dispatcher.name, sorted(suspects), exc
             )
             return
+        if gone or self._missing:  # back in the metadata: `_on_metadata` clears `_missing`
+            await self._consumer._client.force_metadata_update()
         if not gone:
             return
         log.warning(
@@ -574,7 +594,6 @@ class KafkaSubscription(Subscription):
         self.listener.rewind.update(gone)  # the rejoin that follows reads them from their start, and says so
         if self._on_loss is not None:
             self._on_loss(f"Kafka lost topic(s) {', '.join(gone)}")
-        await self._consumer._client.force_metadata_update()
 
     async def _handle(self, tp: TopicPartition, records: Sequence[object]) -> None:
         next_offset: int | None = None
