@@ -580,7 +580,7 @@ class KafkaSubscription(Subscription):
                 "%s: could not check Kafka topics %s yet: %r", self.dispatcher.name, sorted(suspects), exc
             )
             return
-        if gone or self._missing:  # back in the metadata: `_on_metadata` clears `_missing`
+        if gone or self._missing:  # the topics exist now: a fresh metadata shows them (`_on_metadata`)
             await self._consumer._client.force_metadata_update()
         if not gone:
             return
@@ -590,7 +590,7 @@ class KafkaSubscription(Subscription):
             self.dispatcher.name,
             ", ".join(gone),
         )
-        self._had.difference_update(gone)
+        self._had.difference_update(gone)  # a topic just created may lag in the metadata: not a new loss
         self.listener.rewind.update(gone)  # the rejoin that follows reads them from their start, and says so
         if self._on_loss is not None:
             self._on_loss(f"Kafka lost topic(s) {', '.join(gone)}")
