@@ -89,7 +89,8 @@ def test_check_config_prints_every_knob_with_its_origin_and_masks_secrets(
     lines = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert out.startswith("alignedserve demo: the configuration is valid")
     assert list(lines) == [
-        "--config", "--log-level", "--log-format", "--drain-timeout-s", "--port", "--batch", "--api-key",
+        "--config", "--log-level", "--log-format", "--drain-timeout-s", "--event-loop", "--port", "--batch",
+        "--api-key",
     ]  # fmt: skip
     assert "9100" in lines["--port"] and f"(config {path})" in lines["--port"]
     assert '"debug"' in lines["--log-level"] and "(--log-level)" in lines["--log-level"]

@@ -96,6 +96,10 @@ class Settings(BaseSettings):
         return parse_command_line(cls, argv, prog, description).settings
 
 
+# The event loop a service runs on (alignedserve.service.loop).
+EventLoop = Literal["auto", "uvloop", "asyncio"]
+
+
 class ServiceSettings(Settings):
     """Knobs every long-running service has."""
 
@@ -107,6 +111,11 @@ class ServiceSettings(Settings):
     )
     drain_timeout_s: float = Field(
         30.0, gt=0, description="on SIGTERM, seconds to let in-flight work finish before stopping"
+    )
+    event_loop: EventLoop = Field(
+        "auto",
+        description="auto: uvloop where it imports, else asyncio's loop; uvloop; asyncio (the standard "
+        "loop, slower per socket write and wake-up)",
     )
 
 

@@ -11,7 +11,7 @@ The shape of a service's `main(argv)` (the gateway's `main.py` is a complete exa
         if isinstance(settings, int):                # 2: bad config, message names the flag and env vars
             return settings                          # 0: --check-config printed the configuration
         configure_logging("decode", settings.log_level, settings.log_format)     # logs.py
-        return asyncio.run(serve(settings))
+        return loop.run(serve(settings), settings.event_loop)  # loop.py: uvloop
 
     async def serve(settings: DecodeSettings) -> int:
         drain = Drain(settings.drain_timeout_s)      # drain.py: SIGTERM -> draining

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from alignedserve.bus import BusUnavailable
 from alignedserve.core.config import ConfigError, ServiceSettings, settings_or_exit_code
+from alignedserve.service import loop
 from alignedserve.service.drain import exit_on_stuck_teardown
 from alignedserve.service.logs import configure_logging
 
@@ -32,7 +32,7 @@ def run_service(
     configure_logging(name, settings.log_level, settings.log_format)
     exit_on_stuck_teardown()  # this is the service's process: a teardown that hangs must not keep it
     try:
-        return asyncio.run(serve(settings))
+        return loop.run(serve(settings), settings.event_loop)
     except (ConfigError, *fatal) as exc:  # type: ignore[misc]  # mypy cannot read a starred tuple of types
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

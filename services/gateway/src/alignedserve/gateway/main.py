@@ -16,6 +16,7 @@ from alignedserve.gateway.app import create_app
 from alignedserve.gateway.backend import GenerationBackend
 from alignedserve.gateway.config import GatewaySettings
 from alignedserve.gateway.tokenizer import PromptTokenizer, load_prompt_tokenizer
+from alignedserve.service import loop
 from alignedserve.service.drain import Drain, exit_on_stuck_teardown
 from alignedserve.service.http import HttpServer
 from alignedserve.service.logs import configure_logging, get_logger
@@ -30,7 +31,7 @@ def main(argv: list[str]) -> int:
     configure_logging("gateway", settings.log_level, settings.log_format)
     exit_on_stuck_teardown()
     try:
-        return asyncio.run(serve(settings))
+        return loop.run(serve(settings), settings.event_loop)
     except (ConfigError, ModelLoadError) as exc:
         print(f"alignedserve gateway: {exc}", file=sys.stderr)
         return 2
