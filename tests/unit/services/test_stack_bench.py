@@ -97,7 +97,8 @@ def test_tiny_run_prints_the_report(redis_url: str, capsys: pytest.CaptureFixtur
     assert out["model"] == "tiny-llama"
     assert (out["batch"], out["prefix"], out["iterations"]) == (3, 20, 3)
     assert out["engine_tok_s"] > 0 and out["stack_tok_s"] > 0
-    assert out["ratio"] == pytest.approx(out["stack_tok_s"] / out["engine_tok_s"], rel=1e-3)
+    # the report rounds the ratio to 4 decimals: a slow round (ratio ~0.008) leaves it 0.5 % off
+    assert out["ratio"] == pytest.approx(out["stack_tok_s"] / out["engine_tok_s"], rel=1e-3, abs=5e-5)
     # every stack iteration observed its scheduling + bus time: warmup + iterations + 1 decode steps
     assert out["sched_bus_samples"] == 1 + 3 + 1
     assert 0 < out["stack_forward_share"] <= 1
