@@ -11,7 +11,6 @@ uvicorn's own `--loop auto` does; "asyncio" keeps the standard loop, e.g. to rul
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -25,7 +24,7 @@ def loop_factory(name: EventLoop) -> Callable[[], asyncio.AbstractEventLoop]:
     if name == "asyncio":
         return asyncio.new_event_loop
     try:
-        uvloop = importlib.import_module("uvloop")
+        import uvloop  # here, not at the top: a platform without its wheel still runs on "auto"
     except ImportError as exc:
         if name == "uvloop":
             raise ConfigError(
@@ -33,8 +32,7 @@ def loop_factory(name: EventLoop) -> Callable[[], asyncio.AbstractEventLoop]:
                 "or choose --event-loop auto or asyncio"
             ) from None
         return asyncio.new_event_loop
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
+    return uvloop.new_event_loop
 
 
 def run(main: Coroutine[Any, Any, T], name: EventLoop) -> T:
