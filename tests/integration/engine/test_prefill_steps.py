@@ -1,7 +1,8 @@
 """Prefill one forward at a time (`add_prefill` / `prefill_step`, what the prefill worker runs): with the
 "shortest" order a short prompt queued behind a long one gets its first token from the first forward,
-while "fcfs" gives that forward's whole budget to the long one; either way every prompt ends with the
-KV and first token a one-call `prefill` gives."""
+alone in it, while "fcfs" gives that forward's whole budget to the long one; short prompts arriving
+without pause hold a long one back for `OVERDUE_PASSES` forwards at most; either way every prompt ends
+with the KV and first token a one-call `prefill` gives."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from transformers import PreTrainedModel
 
 from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.engine import LLMEngine
+from alignedserve.engine.scheduler import OVERDUE_PASSES
 
 BUDGET = 32  # tokens per forward
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
@@ -30,7 +32,7 @@ def _first_tokens_by_forward(engine: LLMEngine) -> list[list[str]]:
 @pytest.mark.parametrize(
     ("order", "expected"),
     [
-        ("shortest", [["short"], [], [], ["long"]]),  # 5 + 27, then 32, 32, 9 of the long prompt
+        ("shortest", [["short"], [], [], [], ["long"]]),  # 5 alone, then 32, 32, 32, 4 of the long prompt
         ("fcfs", [[], [], [], ["long", "short"]]),  # 32, 32, 32, then 4 of the long + the short
     ],
 )
@@ -40,6 +42,20 @@ def test_a_short_prompt_behind_a_long_one_waits_for_one_chunk_only_when_shortest
     engine = tiny_engine(tiny_llama, max_prefill_tokens=BUDGET, prefill_order=order)
     assert _first_tokens_by_forward(engine) == expected
     assert engine.prefill_blocks_pending() == 0
+
+
+def test_short_prompts_arriving_without_pause_hold_a_long_one_back_only_until_it_is_overdue(
+    tiny_llama: PreTrainedModel,
+) -> None:
+    engine = tiny_engine(tiny_llama, max_prefill_tokens=BUDGET, prefill_order="shortest")
+    engine.add_prefill("long", LONG, GREEDY)
+    finished_at = {}
+    for forward in range(OVERDUE_PASSES + 8):
+        engine.add_prefill(f"short-{forward}", SHORT, GREEDY)  # one more every forward
+        finished_at.update({out.request_id: forward for out in engine.prefill_step()})
+    # passed over for OVERDUE_PASSES forwards, then its four chunks run first
+    assert finished_at["long"] == OVERDUE_PASSES + 3
+    assert finished_at["short-0"] == 0  # until then every forward was the newest short prompt's
 
 
 def test_stepwise_prefill_leaves_the_kv_and_first_token_of_one_call(tiny_llama: PreTrainedModel) -> None:

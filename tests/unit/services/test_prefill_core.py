@@ -23,7 +23,7 @@ from alignedserve.bus.messages import (
     WorkerState,
 )
 from alignedserve.engine.request import RequestOutput
-from alignedserve.prefill.core import Intake, PrefillCore, Prefilled, Stage
+from alignedserve.prefill.core import Intake, PrefillCore, Prefilled, ShortestFirst, Stage
 
 BLOCK = 4
 WORKER = "prefill-0"
@@ -36,9 +36,9 @@ def core(max_tokens: int = 100, max_seqs: int = 8, max_queue: int = 3) -> Prefil
     )
 
 
-def prompt(rid: str, length: int, gateway: str = "gw-a") -> PrefillRequest:
+def prompt(rid: str, length: int, gateway: str = "gw-a", arrival: float = 0.0) -> PrefillRequest:
     return PrefillRequest(request_id=rid, model="tiny", prompt_token_ids=tuple(range(1, length + 1)),
-                          sampling=SamplingSpec(), arrival=0.0, gateway_id=gateway)  # fmt: skip
+                          sampling=SamplingSpec(), arrival=arrival, gateway_id=gateway)  # fmt: skip
 
 
 def output(rid: str, tokens: list[int], reason: str | None = None) -> RequestOutput:
@@ -65,8 +65,42 @@ def test_the_queue_is_full_at_max_queue_and_batches_take_the_oldest_within_budge
     for rid, n in (("a", 10), ("b", 15), ("c", 10)):
         c.take(prompt(rid, n))
     assert not c.has_room([])
-    assert ids(c.next_batch()) == ["a", "b"]  # c would pass the 30-token budget
+    assert ids(c.next_batch(now=0.0)) == ["a", "b"]  # c would pass the 30-token budget
     assert c.has_room([]) and ids(list(c.queue)) == ["c"]
+
+
+def shortest_core(max_tokens: int = 30, max_seqs: int = 8) -> PrefillCore:
+    return PrefillCore(WORKER, BLOCK, max_tokens, max_seqs, max_queue=10, order=ShortestFirst(max_wait_s=2.0))
+
+
+def test_shortest_first_takes_the_shortest_prompts_of_the_whole_queue_until_the_budget_is_reached() -> None:
+    c = shortest_core(max_tokens=30)
+    for rid, n in (("a", 40), ("b", 12), ("c", 5), ("d", 12), ("e", 9)):
+        c.take(prompt(rid, n, arrival=10.0))
+    # 5 + 9 + 12 = 26 < 30, so one more: the last taken may pass the budget (the engine chunks it)
+    assert ids(c.next_batch(now=10.5)) == ["c", "e", "b", "d"]
+    assert ids(list(c.queue)) == ["a"]
+    assert ids(c.next_batch(now=10.6)) == ["a"]  # alone in the queue, a long prompt goes at once
+
+
+def test_shortest_first_takes_overdue_prompts_first_oldest_first() -> None:
+    c = shortest_core(max_tokens=30)
+    c.take(prompt("new-short", 3, arrival=9.0))
+    c.take(prompt("late-long", 50, arrival=7.5))
+    c.take(prompt("later-long", 20, arrival=7.9))
+    c.take(prompt("early-long", 60, arrival=7.0))
+    # at 10.0 the three longs waited 2 s or more: oldest first, and 60 tokens fill the budget
+    assert ids(c.next_batch(now=10.0)) == ["early-long"]
+    assert ids(c.next_batch(now=10.0)) == ["late-long"]
+    assert ids(c.next_batch(now=10.0)) == ["later-long", "new-short"]
+
+
+def test_shortest_first_takes_at_most_max_seqs_prompts() -> None:
+    c = shortest_core(max_tokens=1000, max_seqs=2)
+    for rid in "abc":
+        c.take(prompt(rid, 1))
+    assert ids(c.next_batch(now=0.0)) == ["a", "b"]  # ties: first come
+    assert ids(list(c.queue)) == ["c"]
 
 
 def test_admission_drops_ended_fails_refused_and_defers_what_does_not_fit_together() -> None:
@@ -207,7 +241,7 @@ def test_a_token_limit_leaves_prompts_to_the_other_workers_once_held_ones_reach_
     c.take(prompt("a", 20))
     assert c.has_room([prompt("b", 29)])  # 49 held
     assert not c.has_room([prompt("b", 30)])  # queued and prefilling together: 50
-    c.next_batch()
+    c.next_batch(now=0.0)
     assert c.has_room([])
 
 

@@ -9,6 +9,7 @@ from pydantic import ByteSize, Field
 
 from alignedserve.engine.config import EngineConfig
 from alignedserve.engine.settings import EngineWorkerSettings
+from alignedserve.prefill.core import OldestFirst, QueueOrder, ShortestFirst
 
 
 class PrefillSettings(EngineWorkerSettings):
@@ -35,8 +36,15 @@ class PrefillSettings(EngineWorkerSettings):
     )
     prefill_order: Literal["shortest", "fcfs"] = Field(
         "shortest",
-        description="which prompts get a forward's tokens first: shortest (fewest prompt tokens left: a"
-        " short prompt waits for one chunk of a long one, not all of it) or fcfs (arrival order)",
+        description="which prompts get a forward's tokens first, in the queue and in the engine: shortest"
+        " (fewest prompt tokens left: a short prompt waits for one chunk of a long one, not all of it) or"
+        " fcfs (arrival order)",
+    )
+    prefill_max_wait_s: float = Field(
+        2.0,
+        gt=0,
+        description="shortest order: a prompt queued this many seconds after its gateway took it goes"
+        " ahead of shorter ones, so that short prompts do not keep a long one waiting without bound",
     )
     staging_bytes: ByteSize = Field(
         ByteSize(2 << 30), gt=0, description="memory for the candidate buffers (staged KV for decode)"
@@ -49,6 +57,10 @@ class PrefillSettings(EngineWorkerSettings):
         "evicted request in the candidate request buffer",
     )
     pool_retry_s: float = Field(0.05, gt=0, description="first back-off when the KV pool is full (doubles)")
+
+    def queue_order(self) -> QueueOrder:
+        """The order queued prompts go into the engine in (`PrefillCore.next_batch`)."""
+        return ShortestFirst(self.prefill_max_wait_s) if self.prefill_order == "shortest" else OldestFirst()
 
     def engine_config(self) -> EngineConfig:
         return dataclasses.replace(super().engine_config(), prefill_order=self.prefill_order)

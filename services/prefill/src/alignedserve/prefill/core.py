@@ -125,6 +125,7 @@ class PrefillCore:
         max_num_seqs: int,
         max_queue: int,
         intake: Intake | None = None,
+        order: QueueOrder | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.block_size = block_size
@@ -132,6 +133,7 @@ class PrefillCore:
         self.max_num_seqs = max_num_seqs
         self.max_queue = max_queue
         self.intake = intake or Intake()
+        self.order = order or OldestFirst()
         self.queue: deque[PrefillRequest] = deque()
         self.taken = SeenIds(ID_MEMORY)  # request ids queued here before
         self.ended = SeenIds(ID_MEMORY)  # cancelled or finished: their KV is refused here too
@@ -159,8 +161,9 @@ class PrefillCore:
         held = itertools.chain(self.queue, prefilling)
         return limit is None or sum(len(r.prompt_token_ids) for r in held) < limit
 
-    def next_batch(self) -> list[PrefillRequest]:
-        return take_batch(self.queue, self.max_prefill_tokens, self.max_num_seqs)
+    def next_batch(self, now: float) -> list[PrefillRequest]:
+        """The queued prompts for the engine to prefill next, in the queue order (`order`)."""
+        return self.order.take(self.queue, self.max_prefill_tokens, self.max_num_seqs, now)
 
     def admit(
         self,
@@ -292,6 +295,59 @@ class PrefillCore:
             self.pool = KvLocation(
                 worker_id=beat.worker_id, kind=ServiceKind.KVPOOL, ucx_address_key=beat.ucx_address.decode()
             )
+
+
+class QueueOrder(Protocol):
+    """Which queued prompts go into the engine next: about one forward's tokens (`max_tokens`), at most
+    `max_seqs` prompts, at least one; they leave `queue`, the rest stay in order."""
+
+    def take(
+        self, queue: deque[PrefillRequest], max_tokens: int, max_seqs: int, now: float
+    ) -> list[PrefillRequest]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OldestFirst:
+    """Arrival order, up to the token budget, no overtaking (`take_batch`)."""
+
+    def take(
+        self, queue: deque[PrefillRequest], max_tokens: int, max_seqs: int, now: float
+    ) -> list[PrefillRequest]:
+        return take_batch(queue, max_tokens, max_seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class ShortestFirst:
+    """Fewest prompt tokens first, over the whole queue, until the token budget is reached (the last one
+    may pass it: the engine chunks it and its remainder takes what later forwards leave). Taken oldest
+    first instead, a prompt of a burst waited for every earlier one, however long; shortest first, the
+    mean wait for a first token is that of shortest-job-first. A prompt its gateway took `max_wait_s`
+    ago or earlier is overdue and goes first, oldest first: short prompts do not keep a long one
+    waiting without bound."""
+
+    max_wait_s: float
+
+    def take(
+        self, queue: deque[PrefillRequest], max_tokens: int, max_seqs: int, now: float
+    ) -> list[PrefillRequest]:
+        overdue = [r for r in queue if now - r.arrival >= self.max_wait_s]
+        rest = sorted((r for r in queue if now - r.arrival < self.max_wait_s), key=prompt_len)
+        batch: list[PrefillRequest] = []
+        tokens = 0
+        for request in itertools.chain(sorted(overdue, key=lambda r: r.arrival), rest):
+            if len(batch) == max_seqs or (batch and tokens >= max_tokens):
+                break
+            batch.append(request)
+            tokens += prompt_len(request)
+        taken = {r.request_id for r in batch}
+        kept = [r for r in queue if r.request_id not in taken]
+        queue.clear()
+        queue.extend(kept)
+        return batch
+
+
+def prompt_len(request: PrefillRequest) -> int:
+    return len(request.prompt_token_ids)
 
 
 def take_batch(queue: deque[PrefillRequest], max_tokens: int, max_seqs: int) -> list[PrefillRequest]:

@@ -80,6 +80,7 @@ class PrefillWorker:
             settings.max_num_seqs,
             settings.max_queue,
             Intake(settings.max_backlog_tokens, settings.intake == "idle"),
+            settings.queue_order(),
         )
         self.kv = PrefillKv(runtime.worker_id, endpoint, staging_sink)
         staging_sink.cancelled = self.core.ended  # a push of an ended request is not kept
@@ -139,7 +140,7 @@ class PrefillWorker:
                 self.metrics.queued.set(0)
                 log.info("prefill_queue_handed_back")
             elif self.core.queue:
-                await self._admit(self.core.next_batch())
+                await self._admit(self.core.next_batch(time.time()))
                 self.metrics.queued.set(len(self.core.queue))
                 self._room.set()
             if self._prefilling:
