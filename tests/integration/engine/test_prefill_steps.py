@@ -1,8 +1,8 @@
 """Prefill one forward at a time (`add_prefill` / `prefill_step`, what the prefill worker runs): with the
 "shortest" order a short prompt queued behind a long one gets its first token from the first forward,
-alone in it, while "fcfs" gives that forward's whole budget to the long one; short prompts arriving
-without pause hold a long one back for `OVERDUE_PASSES` forwards at most; either way every prompt ends
-with the KV and first token a one-call `prefill` gives."""
+while "fcfs" gives that forward's whole budget to the long one; short prompts filling every forward
+hold a long one back for `OVERDUE_PASSES` forwards at most; either way every prompt ends with the KV
+and first token a one-call `prefill` gives."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ BUDGET = 32  # tokens per forward
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 LONG = [5 + i % 90 for i in range(100)]  # four forwards' worth
 SHORT = [7, 8, 9, 10, 11]
+FILLING = [5 + i % 90 for i in range(BUDGET)]  # one forward's worth, shorter than LONG
 
 
 def _first_tokens_by_forward(engine: LLMEngine) -> list[list[str]]:
@@ -32,7 +33,7 @@ def _first_tokens_by_forward(engine: LLMEngine) -> list[list[str]]:
 @pytest.mark.parametrize(
     ("order", "expected"),
     [
-        ("shortest", [["short"], [], [], [], ["long"]]),  # 5 alone, then 32, 32, 32, 4 of the long prompt
+        ("shortest", [["short"], [], [], ["long"]]),  # 5 + 27, then 32, 32, 9 of the long prompt
         ("fcfs", [[], [], [], ["long", "short"]]),  # 32, 32, 32, then 4 of the long + the short
     ],
 )
@@ -44,14 +45,14 @@ def test_a_short_prompt_behind_a_long_one_waits_for_one_chunk_only_when_shortest
     assert engine.prefill_blocks_pending() == 0
 
 
-def test_short_prompts_arriving_without_pause_hold_a_long_one_back_only_until_it_is_overdue(
+def test_short_prompts_filling_every_forward_hold_a_long_one_back_only_until_it_is_overdue(
     tiny_llama: PreTrainedModel,
 ) -> None:
     engine = tiny_engine(tiny_llama, max_prefill_tokens=BUDGET, prefill_order="shortest")
     engine.add_prefill("long", LONG, GREEDY)
     finished_at = {}
     for forward in range(OVERDUE_PASSES + 8):
-        engine.add_prefill(f"short-{forward}", SHORT, GREEDY)  # one more every forward
+        engine.add_prefill(f"short-{forward}", FILLING, GREEDY)  # one more every forward, a forward's worth
         finished_at.update({out.request_id: forward for out in engine.prefill_step()})
     # passed over for OVERDUE_PASSES forwards, then its four chunks run first
     assert finished_at["long"] == OVERDUE_PASSES + 3

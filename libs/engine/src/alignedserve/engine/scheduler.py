@@ -1,8 +1,7 @@
 """Which requests run in the next engine iteration, and the KV blocks they need. No torch, no clocks.
 
 Prefill first: waiting requests in the prefill order (first come first served, or shortest remaining
-prompt first), in chunks within `max_prefill_tokens`, while blocks and decode seats last (shortest first,
-a forward that completes prompts starts no chunk of one it cannot complete). Otherwise one
+prompt first), in chunks within `max_prefill_tokens`, while blocks and decode seats last. Otherwise one
 decode iteration over every running request; when a running request cannot get its next block, the
 newest running request is preempted (blocks freed, recomputed later from its prompt and outputs so far).
 """
@@ -29,43 +28,29 @@ class ScheduledChunk:
         return self.start + self.length == self.request.num_tokens
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillOrder:
-    """Which waiting requests get a forward's tokens first (`sort`), and whether a forward that completes
-    requests also takes the first chunk of one it cannot complete with the budget left (`fill`)."""
-
-    sort: Callable[[Sequence[Request]], Iterable[Request]]
-    fill: bool
+PrefillOrder = Callable[[Sequence[Request]], Iterable[Request]]
 
 
 def first_come(waiting: Sequence[Request]) -> Iterable[Request]:
     return waiting
 
 
-# Forwards a waiting request may be passed over in shortest order before it goes first: short prompts
-# arriving without pause do not hold a long one back for ever. 64 forwards are 3 s or more on one AMX
-# core (the shortest take ~50 ms). At 8, the Azure trace's long prompts went overdue within a second and
-# then ran their chunks back to back ahead of every short prompt: 1.37x the stack's mean TTFT of 64.
+# Forwards a waiting request may be passed over in shortest order before it goes first: short prompts that
+# fill whole forwards without pause do not hold a long one back for ever. 64 forwards are 3 s or more on
+# one AMX core (the shortest take ~50 ms); a bound that a long prompt reaches within a second has its
+# chunks run back to back ahead of every short prompt (docs/benchmarks.md, "Shortest prompts first,
+# across the queue").
 OVERDUE_PASSES = 64
 
 
 def shortest_remaining(waiting: Sequence[Request]) -> Iterable[Request]:
     """Fewest prompt tokens left first (ties: first come), after any request passed over `OVERDUE_PASSES`
-    times. A short prompt then waits for one chunk of a long one, not for all of it; the long one's chunks
-    run in the forwards no shorter prompt waits for, or once it is overdue."""
+    times. A short prompt then waits for one chunk of a long one, not for all of it; the long one takes
+    the budget the short ones leave in every forward, and all of it once it is overdue."""
     return sorted(waiting, key=lambda r: (r.prefill_passes < OVERDUE_PASSES, r.num_tokens - r.num_computed))
 
 
-# Shortest first does not fill: a forward's time grows with its tokens past a fixed ~45 ms (weight reads,
-# per-layer calls; SmolLM2 on one AMX core: 16 tokens 51 ms, 256 tokens 144 ms), so short prompts that
-# shared a forward with a long prompt's chunk waited for the chunk too. Unfilled, the Azure trace's mean
-# TTFT on the stack was 0.89-0.94x, its median 0.63-0.82x (docs/benchmarks.md, "Shortest prompts first,
-# across the queue").
-PREFILL_ORDERS: dict[str, PrefillOrder] = {
-    "fcfs": PrefillOrder(first_come, fill=True),
-    "shortest": PrefillOrder(shortest_remaining, fill=False),
-}
-FIRST_COME = PREFILL_ORDERS["fcfs"]
+PREFILL_ORDERS: dict[str, PrefillOrder] = {"fcfs": first_come, "shortest": shortest_remaining}
 
 
 class Scheduler:
@@ -74,7 +59,7 @@ class Scheduler:
         allocator: BlockAllocator,
         max_num_seqs: int,
         max_prefill_tokens: int,
-        prefill_order: PrefillOrder = FIRST_COME,
+        prefill_order: PrefillOrder = first_come,
     ) -> None:
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
@@ -99,13 +84,10 @@ class Scheduler:
         budget = self.max_prefill_tokens
         seats = self.max_num_seqs - len(self.running)
         chunks: list[ScheduledChunk] = []
-        for request in self.prefill_order.sort(self.waiting):
+        for request in self.prefill_order(self.waiting):
             if budget == 0 or (seats <= 0 and not request.park_after_prefill):
                 break
-            left = request.num_tokens - request.num_computed
-            length = min(left, budget)
-            if chunks and length < left and not self.prefill_order.fill:
-                break  # the chunks so far complete their requests: they do not wait for this one's
+            length = min(request.num_tokens - request.num_computed, budget)
             try:
                 self._reserve(request, request.num_computed + length)
             except OutOfBlocks:
