@@ -1,10 +1,10 @@
 """The prefill worker's decisions as a pure state machine: prompts and events in, batches and messages out.
 
-It holds the prompts queued here (oldest first), the ids it took (a prompt is prefilled once however
+It holds the prompts queued here (in arrival order), the ids it took (a prompt is prefilled once however
 often it is delivered) and those that ended (cancelled or finished: not prefilled, not handed off, not
-staged), and where the KV pool is. It decides what to prefill next — the oldest prompts up to the token
-and sequence budget, then those whose KV fits the free blocks together (the rest go back to the queue's
-front) — and what to do with each staged request, and it builds every message the worker publishes:
+staged), and where the KV pool is. It decides what to prefill next — about one forward's prompts in its
+queue order (`OldestFirst`, or `ShortestFirst` with overdue prompts first), then those whose KV fits
+the free blocks together (the rest go back to the queue's front) — and what to do with each staged request, and it builds every message the worker publishes:
 first tokens, a hand-off to the batcher, ends and failures, a staged batch's `PrefetchDone`, prompts
 handed back at drain. No torch, no I/O, no clocks: the worker calls the engine, moves KV over UCX
 (kv_io.py), passes `now` and publishes what comes back.
