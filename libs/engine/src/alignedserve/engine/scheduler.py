@@ -95,11 +95,17 @@ class Scheduler:
             chunks.append(ScheduledChunk(request, request.num_computed, length))
             budget -= length
             seats -= 0 if request.park_after_prefill else 1
+        self._count_passes(chunks)
+        return chunks
+
+    def _count_passes(self, chunks: list[ScheduledChunk]) -> None:
+        """A forward runs `chunks`: every other waiting request was passed over once more."""
+        if not chunks:
+            return  # no forward, no pass
         scheduled = {chunk.request.request_id for chunk in chunks}
-        for request in self.waiting if chunks else ():
+        for request in self.waiting:
             if request.request_id not in scheduled:
                 request.prefill_passes += 1
-        return chunks
 
     def blocks_pending(self) -> int:
         """Blocks the waiting requests still need for their whole prompt beyond what they hold."""

@@ -4,8 +4,8 @@ It holds the prompts queued here (in arrival order), the ids it took (a prompt i
 often it is delivered) and those that ended (cancelled or finished: not prefilled, not handed off, not
 staged), and where the KV pool is. It decides what to prefill next — about one forward's prompts in its
 queue order (`OldestFirst`, or `ShortestFirst` with overdue prompts first), then those whose KV fits
-the free blocks together (the rest go back to the queue's front) — and what to do with each staged request, and it builds every message the worker publishes:
-first tokens, a hand-off to the batcher, ends and failures, a staged batch's `PrefetchDone`, prompts
+the free blocks together (the rest go back to the queue's front) — and what to do with each staged
+request, and it builds every message the worker publishes: first tokens, a hand-off to the batcher, ends and failures, a staged batch's `PrefetchDone`, prompts
 handed back at drain. No torch, no I/O, no clocks: the worker calls the engine, moves KV over UCX
 (kv_io.py), passes `now` and publishes what comes back.
 """
@@ -159,7 +159,7 @@ class PrefillCore:
             return False
         limit = self.intake.max_backlog_tokens
         held = itertools.chain(self.queue, prefilling)
-        return limit is None or sum(len(r.prompt_token_ids) for r in held) < limit
+        return limit is None or sum(map(prompt_len, held)) < limit
 
     def next_batch(self, now: float) -> list[PrefillRequest]:
         """The queued prompts for the engine to prefill next, in the queue order (`order`)."""
@@ -330,11 +330,13 @@ class ShortestFirst:
     def take(
         self, queue: deque[PrefillRequest], max_tokens: int, max_seqs: int, now: float
     ) -> list[PrefillRequest]:
-        overdue = [r for r in queue if now - r.arrival >= self.max_wait_s]
-        rest = sorted((r for r in queue if now - r.arrival < self.max_wait_s), key=prompt_len)
+        def rank(request: PrefillRequest) -> tuple[bool, float]:  # overdue ones first, by arrival
+            overdue = now - request.arrival >= self.max_wait_s
+            return (not overdue, request.arrival if overdue else prompt_len(request))
+
         batch: list[PrefillRequest] = []
         tokens = 0
-        for request in itertools.chain(sorted(overdue, key=lambda r: r.arrival), rest):
+        for request in sorted(queue, key=rank):  # stable: ties stay first come
             if len(batch) == max_seqs or (batch and tokens >= max_tokens):
                 break
             batch.append(request)
