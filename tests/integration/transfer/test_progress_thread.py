@@ -11,6 +11,8 @@ import numpy as np
 from alignedserve.transfer.endpoint import TransferEndpoint
 from alignedserve.transfer.runtime import PROGRESS_EPOLL_TIMEOUT_MS
 
+PULLS_TIMED = 5
+
 
 def thread_ids() -> set[str]:
     return set(os.listdir("/proc/self/task"))
@@ -35,18 +37,21 @@ async def test_an_idle_context_wakes_rarely_and_a_pull_still_completes_at_once()
     earlier = thread_ids()
     async with TransferEndpoint() as holder, TransferEndpoint() as puller:
         holder.registry.publish("first", b"h", payload)
-        holder.registry.publish("second", b"h", payload)
+        holder.registry.publish("second", b"h", payload, release_after_pull=False)  # pulled again
         await puller.pull(holder.address, "first", destination)  # the connection is set up (~70 ms)
         ucx_threads = thread_ids() - earlier  # the UCX context's: progress, notifier, async events
         assert ucx_threads, "the test needs a fresh UCX context (an earlier test left one in use)"
         before = wakeups(ucx_threads)
         await asyncio.sleep(1.0)
         idle = wakeups(ucx_threads) - before
-        destination[:] = 0
-        started = loop.time()
-        await puller.pull(holder.address, "second", destination)
-        took_s = loop.time() - started
+        took_s = []
+        for _ in range(PULLS_TIMED):
+            destination[:] = 0
+            started = loop.time()
+            await puller.pull(holder.address, "second", destination)
+            took_s.append(loop.time() - started)
+            assert np.array_equal(destination, payload)
     assert idle < 4 * 1000 // PROGRESS_EPOLL_TIMEOUT_MS + 50, idle  # with a 1 ms timeout: ~900
-    assert np.array_equal(destination, payload)
-    # woken by the submission and UCX's events, not by the timeout (which would add 50 ms a step)
-    assert took_s < PROGRESS_EPOLL_TIMEOUT_MS / 2 / 1000, took_s
+    # Woken by the submission and UCX's events, not by the timeout, which would add 50 ms to every
+    # pull. The fastest of a few is taken: a busy 2-core machine can delay any one of them.
+    assert min(took_s) < PROGRESS_EPOLL_TIMEOUT_MS / 2 / 1000, took_s
