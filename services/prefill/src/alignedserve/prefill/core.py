@@ -5,9 +5,10 @@ often it is delivered) and those that ended (cancelled or finished: not prefille
 staged), and where the KV pool is. It decides what to prefill next — about one forward's prompts in its
 queue order (`OldestFirst`, or `ShortestFirst` with overdue prompts first), then those whose KV fits
 the free blocks together (the rest go back to the queue's front) — and what to do with each staged
-request, and it builds every message the worker publishes: first tokens, a hand-off to the batcher, ends and failures, a staged batch's `PrefetchDone`, prompts
-handed back at drain. No torch, no I/O, no clocks: the worker calls the engine, moves KV over UCX
-(kv_io.py), passes `now` and publishes what comes back.
+request, and it builds every message the worker publishes: first tokens, a hand-off to the batcher,
+ends and failures, a staged batch's `PrefetchDone`, prompts handed back at drain. No torch, no I/O,
+no clocks: the worker calls the engine, moves KV over UCX (kv_io.py), passes `now` and publishes what
+comes back.
 """
 
 from __future__ import annotations
@@ -355,9 +356,9 @@ def prompt_len(request: PrefillRequest) -> int:
 def take_batch(queue: deque[PrefillRequest], max_tokens: int, max_seqs: int) -> list[PrefillRequest]:
     """The oldest queued prompts up to the token budget (always at least one: the engine chunks it)."""
     batch = [queue.popleft()]
-    tokens = len(batch[0].prompt_token_ids)
-    while queue and len(batch) < max_seqs and tokens + len(queue[0].prompt_token_ids) <= max_tokens:
-        tokens += len(queue[0].prompt_token_ids)
+    tokens = prompt_len(batch[0])
+    while queue and len(batch) < max_seqs and tokens + prompt_len(queue[0]) <= max_tokens:
+        tokens += prompt_len(queue[0])
         batch.append(queue.popleft())
     return batch
 
