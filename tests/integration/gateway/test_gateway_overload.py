@@ -21,8 +21,9 @@ import httpx
 import pytest
 import redis_databases
 
-from alignedserve.bus import Bus, ConsumerOptions, Delivery, connect_bus, topics
+from alignedserve.bus import Bus, BusPoolTimeout, ConsumerOptions, Delivery, connect_bus, topics
 from alignedserve.bus.messages import (
+    Cancel,
     FinishReason,
     Message,
     PrefillRequest,
@@ -178,6 +179,49 @@ async def test_a_tiny_bus_connection_pool_answers_429_never_5xx(
         pool = [r for r in refused if "Redis connections stayed busy" in r.json()["error"]["message"]]
         assert pool, [r.json()["error"]["message"] for r in refused[:3]]
         await _until_ready(client)  # the readers that lost their connection for a moment are back
+
+
+async def test_a_cancel_that_finds_every_bus_connection_busy_is_sent_once_one_frees(
+    redis_url: str, smollm2_tokenizer: PromptTokenizer
+) -> None:
+    """A client leaves while the gateway's tiny pool is exhausted: its cancel returns at once (the
+    client's close never fails with BusPoolTimeout) and the Cancel reaches the workers once a
+    connection frees, so they stop the request instead of running it to max_tokens."""
+    url = _private_db(redis_url)
+    async with serving_gateway(url, f"{url}?{TINY_POOL}", smollm2_tokenizer) as (client, backend):
+        await _until_ready(client)
+        cancels: asyncio.Queue[str] = asyncio.Queue()
+
+        async def on_event(message: Message, _delivery: Delivery) -> None:
+            if isinstance(message, Cancel):
+                cancels.put_nowait(message.request_id)
+
+        watcher = await connect_bus(url)
+        events = await watcher.subscribe(topics.EVENTS, group=f"watch-{uuid.uuid4().hex[:8]}",
+                                         consumer="w", handler=on_event,
+                                         options=ConsumerOptions(start="latest"))  # fmt: skip
+        await events.ready()
+        request = _burst(1)[0]
+        await backend.submit(request)
+        pool = backend.bus._redis.connection_pool  # type: ignore[attr-defined]  # the gateway's own
+        held = []
+        try:
+            with pytest.raises(BusPoolTimeout):  # the test takes every connection, readers' included
+                for _ in range(100):
+                    held.append(await pool.get_connection())
+            async with asyncio.timeout(5):
+                await backend.cancel(request.request_id)  # returns, deferred: nothing can be sent now
+            assert cancels.empty()
+        finally:
+            for connection in held:
+                await pool.release(connection)
+        try:
+            async with asyncio.timeout(20):
+                while (await cancels.get()) != request.request_id:
+                    pass
+        finally:
+            await events.stop()
+            await watcher.close()
 
 
 def _burst(count: int) -> list[GenerationRequest]:

@@ -9,7 +9,9 @@ The I/O edge around three pure parts:
   stops beating or restarts, is cancelled and prefilled again from its prompt plus the tokens already
   released, under a new incarnation id, at most `max_migrations` times (the decisions: migration.py).
 submit publishes `PrefillRequest` on the prefill topic; cancel publishes `Cancel` on the events topic,
-which every service reads (blocks are freed everywhere). This gateway beats on the events topic too.
+which every service reads (blocks are freed everywhere). This gateway beats on the events topic too. A
+cancel never fails the client's close: one that finds every bus connection busy is sent from the
+background once one frees (`BUSY_RETRY`), so the workers still stop early.
 
 Bus writes go through a bounded number of slots (`max_publishes`, below the bus's connection pool): a
 burst of requests waits for a slot instead of opening a connection each, and a request that cannot get
@@ -53,6 +55,7 @@ from alignedserve.bus.messages import (
     WorkerHeartbeat,
     WorkerState,
 )
+from alignedserve.core.retry import Backoff, retrying
 from alignedserve.gateway.backend import (
     BackendBusy,
     BackendError,
@@ -73,6 +76,10 @@ log = get_logger(__name__)
 
 # the subscriptions of one gateway each notice one broker loss: one migration of everything per loss
 BUS_LOSS_QUIET_S = 5.0
+# a background publish (a deferred cancel) that found every bus connection busy is tried again on this
+# back-off, for up to BUSY_DEADLINE_S; each try itself waits the pool's timeout for a connection first
+BUSY_RETRY = Backoff(0.05, max_s=1.0)
+BUSY_DEADLINE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -243,9 +250,19 @@ class BusBackend:
             self._forget(request_id)
 
     async def cancel(self, request_id: str) -> None:
+        """Publish `Cancel` for the request's current incarnation; never raises. Every connection busy:
+        it is sent from the background once one frees. Any other failure (the broker gone past a
+        publish's ride-out) is logged: the workers then run the request to its end."""
         incarnation = self.router.book.incarnation(request_id) or request_id  # the id the stack knows now
         self._forget(request_id)
-        await self._publish(topics.EVENTS, Cancel(request_id=incarnation, reason="client disconnected"))
+        cancel = Cancel(request_id=incarnation, reason="client disconnected")
+        try:
+            await self._publish(topics.EVENTS, cancel)
+        except BusPoolTimeout as exc:
+            log.warning("cancel_deferred", id=request_id, incarnation=incarnation, error=str(exc))
+            self._background(self._publish_quietly(topics.EVENTS, cancel))
+        except Exception as exc:
+            log.warning("cancel_failed", id=request_id, incarnation=incarnation, error=repr(exc))
 
     async def _publish(self, topic: str, message: Message, wait_s: float | None = None) -> None:
         """Publish through a write slot; `wait_s` bounds the wait for one (None: as long as it takes)."""
@@ -338,8 +355,11 @@ class BusBackend:
         task.add_done_callback(self._redoing.discard)
 
     async def _publish_quietly(self, topic: str, message: Message) -> None:
+        """A publish nobody waits for: a busy pool is waited out (`BUSY_RETRY`), a failure is logged."""
         try:
-            await self._publish(topic, message)
+            async for attempt in retrying(BUSY_RETRY, on=BusPoolTimeout, deadline_s=BUSY_DEADLINE_S):
+                with attempt:
+                    await self._publish(topic, message)
         except Exception as exc:
             log.warning("publish_failed", topic=topic, type=message.TYPE, error=repr(exc))
 

@@ -93,8 +93,7 @@ class Generation:
         with anyio.CancelScope(shield=True):
             try:
                 if self._sent and not self._assembler.backend_finished:
-                    log.info("request_cancelled", reason=reason, finished=self.finished)
-                    await self._backend.cancel(self.request.request_id)
+                    await self._cancel(reason)
                 if not self.finished:
                     self._timer.fail(reason)
                 aclose = getattr(self._deltas, "aclose", None)
@@ -102,3 +101,11 @@ class Generation:
                     await aclose()
             finally:
                 self._release()
+
+    async def _cancel(self, reason: str) -> None:
+        """A backend whose cancel fails must not skip the rest of close (metrics, the slot)."""
+        log.info("request_cancelled", reason=reason, finished=self.finished)
+        try:
+            await self._backend.cancel(self.request.request_id)
+        except Exception as exc:
+            log.warning("request_cancel_failed", error=repr(exc))
