@@ -1,8 +1,9 @@
 """Prefill one forward at a time (`add_prefill` / `prefill_step`, what the prefill worker runs): with the
 "shortest" order a short prompt queued behind a long one gets its first token from the first forward,
-while "fcfs" gives that forward's whole budget to the long one; short prompts filling every forward
-hold a long one back for `OVERDUE_PASSES` forwards at most; either way every prompt ends with the KV
-and first token a one-call `prefill` gives."""
+while "fcfs" gives that forward's whole budget to the long one; short prompts that keep coming hold a
+long one back only until they were prefilled `OVERTAKE_RATIO` times its length, whether they fill every
+forward or leave it a few tokens of each; either way every prompt ends with the KV and first token a
+one-call `prefill` gives."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from transformers import PreTrainedModel
 
 from alignedserve.core.sampling import SamplingParams
 from alignedserve.engine.engine import LLMEngine
-from alignedserve.engine.scheduler import OVERDUE_PASSES
+from alignedserve.engine.scheduler import OVERTAKE_RATIO
 
 BUDGET = 32  # tokens per forward
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
@@ -45,18 +46,43 @@ def test_a_short_prompt_behind_a_long_one_waits_for_one_chunk_only_when_shortest
     assert engine.prefill_blocks_pending() == 0
 
 
+def _finished_at(engine: LLMEngine, short_len: int, forwards: int) -> dict[str, int]:
+    """The long prompt, then one short prompt of `short_len` tokens more before every forward."""
+    engine.add_prefill("long", LONG, GREEDY)
+    finished_at = {}
+    for forward in range(forwards):
+        engine.add_prefill(f"short-{forward}", [5 + i % 90 for i in range(short_len)], GREEDY)
+        finished_at.update({out.request_id: forward for out in engine.prefill_step()})
+    return finished_at
+
+
 def test_short_prompts_filling_every_forward_hold_a_long_one_back_only_until_it_is_overdue(
     tiny_llama: PreTrainedModel,
 ) -> None:
     engine = tiny_engine(tiny_llama, max_prefill_tokens=BUDGET, prefill_order="shortest")
-    engine.add_prefill("long", LONG, GREEDY)
-    finished_at = {}
-    for forward in range(OVERDUE_PASSES + 8):
-        engine.add_prefill(f"short-{forward}", FILLING, GREEDY)  # one more every forward, a forward's worth
-        finished_at.update({out.request_id: forward for out in engine.prefill_step()})
-    # passed over for OVERDUE_PASSES forwards, then its four chunks run first
-    assert finished_at["long"] == OVERDUE_PASSES + 3
-    assert finished_at["short-0"] == 0  # until then every forward was the newest short prompt's
+    finished_at = _finished_at(engine, BUDGET, forwards=16)
+    # every forward is the newest short prompt's until the long one was overtaken by 2 x 100 tokens
+    # (7 forwards of 32), then its four chunks run first: forwards 7, 8, 9 and 10
+    overdue_after = -(-OVERTAKE_RATIO * len(LONG) // BUDGET)
+    assert overdue_after == 7
+    assert finished_at["long"] == overdue_after + 3
+    assert finished_at["short-0"] == 0
+
+
+def test_a_long_prompt_left_a_few_tokens_of_every_forward_is_overdue_all_the_same(
+    tiny_llama: PreTrainedModel,
+) -> None:
+    """Short prompts of 28 tokens leave the long one 4 tokens of each 32-token forward: without a bound
+    in its own units it would creep for 25 forwards (a forward that gives it a few tokens does not pass
+    it over). Overtaken by 28 tokens a forward, it is overdue after 8 (224 >= 2 x 100), 32 tokens in;
+    its other 68 run first: forwards 8, 9 and 10."""
+    engine = tiny_engine(tiny_llama, max_prefill_tokens=BUDGET, prefill_order="shortest")
+    short = BUDGET - 4
+    finished_at = _finished_at(engine, short, forwards=16)
+    overdue_after = -(-OVERTAKE_RATIO * len(LONG) // short)
+    assert overdue_after == 8
+    assert finished_at["long"] == overdue_after + 2
+    assert all(finished_at[f"short-{f}"] == f for f in range(overdue_after))  # each in its own forward
 
 
 def test_stepwise_prefill_leaves_the_kv_and_first_token_of_one_call(tiny_llama: PreTrainedModel) -> None:

@@ -81,7 +81,7 @@ class Request:
     num_computed: int = 0  # tokens of all_token_ids whose K/V are in the cache
     status: RequestStatus = RequestStatus.WAITING
     park_after_prefill: bool = False
-    prefill_passes: int = 0  # prefill forwards that ran while it waited with prompt tokens left
+    overtaken_tokens: int = 0  # prompt tokens prefilled for other requests while it waited with some left
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob] | None = None

@@ -35,19 +35,24 @@ def first_come(waiting: Sequence[Request]) -> Iterable[Request]:
     return waiting
 
 
-# Forwards a waiting request may be passed over in shortest order before it goes first: short prompts that
-# fill whole forwards without pause do not hold a long one back for ever. 64 forwards are 3 s or more on
-# one AMX core (the shortest take ~50 ms); a bound that a long prompt reaches within a second has its
-# chunks run back to back ahead of every short prompt (docs/benchmarks.md, "Shortest prompts first,
-# across the queue").
-OVERDUE_PASSES = 64
+# A waiting request is overdue, and goes first, once the prompt tokens prefilled for others while it
+# waited reach this many times its own length: short prompts that keep arriving do not hold a long one
+# back for ever, whether they leave it no token of a forward or a few. The bound is in the prompt's own
+# units, so it is the same on every machine however long a forward takes (a count of forwards or seconds
+# is not): a prompt of L tokens waits for at most about OVERTAKE_RATIO * L tokens of other prompts plus a
+# forward's budget (docs/benchmarks.md, "A long prompt's wait, in its own units").
+OVERTAKE_RATIO = 2
+
+
+def overdue(request: Request) -> bool:
+    return request.overtaken_tokens >= OVERTAKE_RATIO * request.num_tokens
 
 
 def shortest_remaining(waiting: Sequence[Request]) -> Iterable[Request]:
-    """Fewest prompt tokens left first (ties: first come), after any request passed over `OVERDUE_PASSES`
-    times. A short prompt then waits for one chunk of a long one, not for all of it; the long one takes
-    the budget the short ones leave in every forward, and all of it once it is overdue."""
-    return sorted(waiting, key=lambda r: (r.prefill_passes < OVERDUE_PASSES, r.num_tokens - r.num_computed))
+    """Fewest prompt tokens left first (ties: first come), after every overdue request in waiting order.
+    A short prompt then waits for one chunk of a long one, not for all of it; the long one takes the
+    budget the short ones leave in every forward, and all of it once it is overdue."""
+    return sorted(waiting, key=lambda r: (0, 0) if overdue(r) else (1, r.num_tokens - r.num_computed))
 
 
 PREFILL_ORDERS: dict[str, PrefillOrder] = {"fcfs": first_come, "shortest": shortest_remaining}
@@ -95,17 +100,15 @@ class Scheduler:
             chunks.append(ScheduledChunk(request, request.num_computed, length))
             budget -= length
             seats -= 0 if request.park_after_prefill else 1
-        self._count_passes(chunks)
+        self._count_overtaking(chunks)
         return chunks
 
-    def _count_passes(self, chunks: list[ScheduledChunk]) -> None:
-        """A forward runs `chunks`: every other waiting request was passed over once more."""
-        if not chunks:
-            return  # no forward, no pass
-        scheduled = {chunk.request.request_id for chunk in chunks}
+    def _count_overtaking(self, chunks: list[ScheduledChunk]) -> None:
+        """A forward runs `chunks`: every waiting request was overtaken by the tokens the others got."""
+        total = sum(chunk.length for chunk in chunks)
+        own = {chunk.request.request_id: chunk.length for chunk in chunks}
         for request in self.waiting:
-            if request.request_id not in scheduled:
-                request.prefill_passes += 1
+            request.overtaken_tokens += total - own.get(request.request_id, 0)
 
     def blocks_pending(self) -> int:
         """Blocks the waiting requests still need for their whole prompt beyond what they hold."""
