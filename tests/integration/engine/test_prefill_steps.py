@@ -1,19 +1,21 @@
 """Prefill one forward at a time (`add_prefill` / `prefill_step`, what the prefill worker runs): with the
 "shortest" order a short prompt queued behind a long one gets its first token from the first forward,
 while "fcfs" gives that forward's whole budget to the long one; short prompts that keep coming hold a
-long one back only until they were prefilled `OVERTAKE_RATIO` times its length, whether they fill every
+long one back only until they were prefilled `prefill_overtake_ratio` (2) times its length, whether they fill every
 forward or leave it a few tokens of each; either way every prompt ends with the KV and first token a
 one-call `prefill` gives."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 from engine_models import tiny_engine
 from transformers import PreTrainedModel
 
 from alignedserve.core.sampling import SamplingParams
+from alignedserve.engine.config import PREFILL_OVERTAKE_RATIO
 from alignedserve.engine.engine import LLMEngine
-from alignedserve.engine.scheduler import OVERTAKE_RATIO
 
 BUDGET = 32  # tokens per forward
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
@@ -63,25 +65,27 @@ def test_short_prompts_filling_every_forward_hold_a_long_one_back_only_until_it_
     finished_at = _finished_at(engine, BUDGET, forwards=16)
     # every forward is the newest short prompt's until the long one was overtaken by 2 x 100 tokens
     # (7 forwards of 32), then its four chunks run first: forwards 7, 8, 9 and 10
-    overdue_after = -(-OVERTAKE_RATIO * len(LONG) // BUDGET)
+    overdue_after = math.ceil(PREFILL_OVERTAKE_RATIO * len(LONG) / BUDGET)
     assert overdue_after == 7
     assert finished_at["long"] == overdue_after + 3
     assert finished_at["short-0"] == 0
 
 
+@pytest.mark.parametrize(("ratio", "overdue_after", "finished"), [(2.0, 8, 10), (4.0, 15, 16)])
 def test_a_long_prompt_left_a_few_tokens_of_every_forward_is_overdue_all_the_same(
-    tiny_llama: PreTrainedModel,
+    tiny_llama: PreTrainedModel, ratio: float, overdue_after: int, finished: int
 ) -> None:
     """Short prompts of 28 tokens leave the long one 4 tokens of each 32-token forward: without a bound
     in its own units it would creep for 25 forwards (a forward that gives it a few tokens does not pass
-    it over). Overtaken by 28 tokens a forward, it is overdue after 8 (224 >= 2 x 100), 32 tokens in;
-    its other 68 run first: forwards 8, 9 and 10."""
-    engine = tiny_engine(tiny_llama, max_prefill_tokens=BUDGET, prefill_order="shortest")
+    it over). Overtaken by 28 tokens a forward, it is overdue once 28 x forwards >= ratio x 100 (after 8
+    forwards at ratio 2, 32 tokens in; after 15 at ratio 4, 60 in), then the rest of it runs first."""
+    engine = tiny_engine(
+        tiny_llama, max_prefill_tokens=BUDGET, prefill_order="shortest", prefill_overtake_ratio=ratio
+    )
     short = BUDGET - 4
-    finished_at = _finished_at(engine, short, forwards=16)
-    overdue_after = -(-OVERTAKE_RATIO * len(LONG) // short)
-    assert overdue_after == 8
-    assert finished_at["long"] == overdue_after + 2
+    finished_at = _finished_at(engine, short, forwards=24)
+    assert overdue_after == math.ceil(ratio * len(LONG) / short)
+    assert finished_at["long"] == finished
     assert all(finished_at[f"short-{f}"] == f for f in range(overdue_after))  # each in its own forward
 
 

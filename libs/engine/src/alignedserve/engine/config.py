@@ -17,6 +17,7 @@ ATTENTION_STRATEGIES = ("auto", "padded", "bucketed", "per_sequence")
 DECODE_BACKENDS = ("auto", "torch", "cpu", "triton", "reference")  # see alignedserve.engine.decode_backend
 LINEAR_KERNELS = ("auto", "torch", "onednn_packed")  # see alignedserve.engine.linear
 PREFILL_ORDERS = ("fcfs", "shortest")  # see alignedserve.engine.scheduler
+PREFILL_OVERTAKE_RATIO = 2.0  # the default of "shortest" (alignedserve.engine.scheduler.ShortestRemaining)
 DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 AUTO_DTYPE = "auto"
 # x86 flags of native bfloat16 arithmetic (/proc/cpuinfo): without them torch emulates bfloat16 on CPU,
@@ -101,6 +102,8 @@ class EngineConfig:
     max_prefill_tokens: int = 2048  # tokens per prefill forward; longer prompts go in chunks
     # which waiting prompts get a prefill forward's tokens first: "fcfs" or "shortest" (remaining)
     prefill_order: str = "fcfs"
+    # "shortest": a waiting prompt goes first once other prompts were prefilled this many times its length
+    prefill_overtake_ratio: float = PREFILL_OVERTAKE_RATIO
     max_model_len: int | None = None  # None: the model's own context length
     attention: str = "auto"  # grouping of the "torch" decode backend; "auto" picks per batch shape
     # decode attention backend: "auto" = the Triton paged kernel on CUDA (where triton imports), else
@@ -137,6 +140,8 @@ class EngineConfig:
             raise ValueError(f"linear_kernel must be one of {LINEAR_KERNELS}, got {self.linear_kernel!r}")
         if self.prefill_order not in PREFILL_ORDERS:
             raise ValueError(f"prefill_order must be one of {PREFILL_ORDERS}, got {self.prefill_order!r}")
+        if not self.prefill_overtake_ratio > 0:
+            raise ValueError(f"prefill_overtake_ratio must be > 0, got {self.prefill_overtake_ratio!r}")
         if self.decode_backend not in DECODE_BACKENDS:
             raise ValueError(f"decode_backend must be one of {DECODE_BACKENDS}, got {self.decode_backend!r}")
         if self.attention not in ATTENTION_STRATEGIES:

@@ -116,7 +116,7 @@ class LLMEngine:
             self.allocator,
             config.max_num_seqs,
             config.max_prefill_tokens,
-            PREFILL_ORDERS[config.prefill_order],
+            PREFILL_ORDERS[config.prefill_order](config.prefill_overtake_ratio),
         )
         self.sampler = Sampler()
         self.timings: deque[IterationTiming] = deque(maxlen=100_000)

@@ -35,27 +35,39 @@ def first_come(waiting: Sequence[Request]) -> Iterable[Request]:
     return waiting
 
 
-# A waiting request is overdue, and goes first, once the prompt tokens prefilled for others while it
-# waited reach this many times its own length: short prompts that keep arriving do not hold a long one
-# back for ever, whether they leave it no token of a forward or a few. The bound is in the prompt's own
-# units, so it is the same on every machine however long a forward takes (a count of forwards or seconds
-# is not): a prompt of L tokens waits for at most about OVERTAKE_RATIO * L tokens of other prompts plus a
-# forward's budget (docs/benchmarks.md, "A long prompt's wait, in its own units").
-OVERTAKE_RATIO = 2
-
-
-def overdue(request: Request) -> bool:
-    return request.overtaken_tokens >= OVERTAKE_RATIO * request.num_tokens
-
-
-def shortest_remaining(waiting: Sequence[Request]) -> Iterable[Request]:
+@dataclass(frozen=True, slots=True)
+class ShortestRemaining:
     """Fewest prompt tokens left first (ties: first come), after every overdue request in waiting order.
     A short prompt then waits for one chunk of a long one, not for all of it; the long one takes the
-    budget the short ones leave in every forward, and all of it once it is overdue."""
-    return sorted(waiting, key=lambda r: (0, 0) if overdue(r) else (1, r.num_tokens - r.num_computed))
+    budget the short ones leave in every forward, and all of it once it is overdue.
+
+    A waiting request is overdue once the prompt tokens prefilled for others while it waited reach
+    `overtake_ratio` times its own length: short prompts that keep arriving do not hold a long one back
+    for ever, whether they leave it no token of a forward or a few. The bound is in the prompt's own
+    units, so it is the same on every machine however long a forward takes (a count of forwards or
+    seconds is not): a prompt of L tokens waits for about ratio * L tokens of other prompts at most, plus
+    a forward's budget (docs/benchmarks.md, "A long prompt's wait, in its own units")."""
+
+    overtake_ratio: float
+
+    def __call__(self, waiting: Sequence[Request]) -> Iterable[Request]:
+        return sorted(
+            waiting, key=lambda r: (0, 0) if self.overdue(r) else (1, r.num_tokens - r.num_computed)
+        )
+
+    def overdue(self, request: Request) -> bool:
+        return request.overtaken_tokens >= self.overtake_ratio * request.num_tokens
 
 
-PREFILL_ORDERS: dict[str, PrefillOrder] = {"fcfs": first_come, "shortest": shortest_remaining}
+def _first_come_order(_overtake_ratio: float) -> PrefillOrder:
+    return first_come
+
+
+# each order by name, built from the engine's `prefill_overtake_ratio` (which only "shortest" uses)
+PREFILL_ORDERS: dict[str, Callable[[float], PrefillOrder]] = {
+    "fcfs": _first_come_order,
+    "shortest": ShortestRemaining,
+}
 
 
 class Scheduler:

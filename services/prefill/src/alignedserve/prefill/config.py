@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import ByteSize, Field
 
-from alignedserve.engine.config import EngineConfig
+from alignedserve.engine.config import PREFILL_OVERTAKE_RATIO, EngineConfig
 from alignedserve.engine.settings import EngineWorkerSettings
 from alignedserve.prefill.core import OldestFirst, QueueOrder, ShortestFirst
 
@@ -46,6 +46,13 @@ class PrefillSettings(EngineWorkerSettings):
         description="shortest order: a prompt queued this many seconds after its gateway took it goes"
         " ahead of shorter ones, so that short prompts do not keep a long one waiting without bound",
     )
+    prefill_overtake_ratio: float = Field(
+        PREFILL_OVERTAKE_RATIO,
+        gt=0,
+        description="shortest order, in the engine: a prompt goes ahead of shorter ones once other prompts"
+        " were prefilled this many times its own length while it waited (lower: a long prompt's first"
+        " token sooner; higher: short prompts' sooner)",
+    )
     staging_bytes: ByteSize = Field(
         ByteSize(2 << 30), gt=0, description="memory for the candidate buffers (staged KV for decode)"
     )
@@ -63,4 +70,8 @@ class PrefillSettings(EngineWorkerSettings):
         return ShortestFirst(self.prefill_max_wait_s) if self.prefill_order == "shortest" else OldestFirst()
 
     def engine_config(self) -> EngineConfig:
-        return dataclasses.replace(super().engine_config(), prefill_order=self.prefill_order)
+        return dataclasses.replace(
+            super().engine_config(),
+            prefill_order=self.prefill_order,
+            prefill_overtake_ratio=self.prefill_overtake_ratio,
+        )
