@@ -1,7 +1,7 @@
 """Prefill one forward at a time (`add_prefill` / `prefill_step`, what the prefill worker runs): with the
 "shortest" order a short prompt queued behind a long one gets its first token from the first forward,
 while "fcfs" gives that forward's whole budget to the long one; short prompts that keep coming hold a
-long one back only until they were prefilled `prefill_overtake_ratio` (2) times its length, whether they fill every
+long one back only until they were prefilled `prefill_overtake_ratio` times its length, whether they fill every
 forward or leave it a few tokens of each; either way every prompt ends with the KV and first token a
 one-call `prefill` gives."""
 
@@ -14,7 +14,6 @@ from engine_models import tiny_engine
 from transformers import PreTrainedModel
 
 from alignedserve.core.sampling import SamplingParams
-from alignedserve.engine.config import PREFILL_OVERTAKE_RATIO
 from alignedserve.engine.engine import LLMEngine
 
 BUDGET = 32  # tokens per forward
@@ -61,11 +60,13 @@ def _finished_at(engine: LLMEngine, short_len: int, forwards: int) -> dict[str, 
 def test_short_prompts_filling_every_forward_hold_a_long_one_back_only_until_it_is_overdue(
     tiny_llama: PreTrainedModel,
 ) -> None:
-    engine = tiny_engine(tiny_llama, max_prefill_tokens=BUDGET, prefill_order="shortest")
+    engine = tiny_engine(
+        tiny_llama, max_prefill_tokens=BUDGET, prefill_order="shortest", prefill_overtake_ratio=2.0
+    )
     finished_at = _finished_at(engine, BUDGET, forwards=16)
     # every forward is the newest short prompt's until the long one was overtaken by 2 x 100 tokens
     # (7 forwards of 32), then its four chunks run first: forwards 7, 8, 9 and 10
-    overdue_after = math.ceil(PREFILL_OVERTAKE_RATIO * len(LONG) / BUDGET)
+    overdue_after = math.ceil(2.0 * len(LONG) / BUDGET)
     assert overdue_after == 7
     assert finished_at["long"] == overdue_after + 3
     assert finished_at["short-0"] == 0

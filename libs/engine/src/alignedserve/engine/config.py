@@ -17,7 +17,10 @@ ATTENTION_STRATEGIES = ("auto", "padded", "bucketed", "per_sequence")
 DECODE_BACKENDS = ("auto", "torch", "cpu", "triton", "reference")  # see alignedserve.engine.decode_backend
 LINEAR_KERNELS = ("auto", "torch", "onednn_packed")  # see alignedserve.engine.linear
 PREFILL_ORDERS = ("fcfs", "shortest")  # see alignedserve.engine.scheduler
-PREFILL_OVERTAKE_RATIO = 2.0  # the default of "shortest" (alignedserve.engine.scheduler.ShortestRemaining)
+# "shortest": a waiting prompt goes first once other prompts were prefilled this many times its length
+# (alignedserve.engine.scheduler.ShortestRemaining). 8 costs no mean TTFT; 2 halves an overloaded CPU
+# stack's P99 TTFT for ~1.3x its mean (docs/benchmarks.md, "A long prompt's wait, in its own units").
+PREFILL_OVERTAKE_RATIO = 8.0
 DEFAULT_KV_CACHE_BYTES = 2 * 1024**3
 AUTO_DTYPE = "auto"
 # x86 flags of native bfloat16 arithmetic (/proc/cpuinfo): without them torch emulates bfloat16 on CPU,
