@@ -1,9 +1,9 @@
 """Prefill one forward at a time (`add_prefill` / `prefill_step`, what the prefill worker runs): with the
 "shortest" order a short prompt queued behind a long one gets its first token from the first forward,
 while "fcfs" gives that forward's whole budget to the long one; short prompts that keep coming hold a
-long one back only until they were prefilled `prefill_overtake_ratio` times its length, whether they fill every
-forward or leave it a few tokens of each; either way every prompt ends with the KV and first token a
-one-call `prefill` gives."""
+long one back only until they were prefilled `prefill_overtake_ratio` times its length, whether they
+fill every forward or leave it a few tokens of each; either way every prompt ends with the KV and first
+token a one-call `prefill` gives."""
 
 from __future__ import annotations
 
@@ -18,9 +18,14 @@ from alignedserve.engine.engine import LLMEngine
 
 BUDGET = 32  # tokens per forward
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-LONG = [5 + i % 90 for i in range(100)]  # four forwards' worth
+
+
+def _prompt(length: int) -> list[int]:
+    return [5 + i % 90 for i in range(length)]
+
+
+LONG = _prompt(100)  # four forwards' worth
 SHORT = [7, 8, 9, 10, 11]
-FILLING = [5 + i % 90 for i in range(BUDGET)]  # one forward's worth, shorter than LONG
 
 
 def _first_tokens_by_forward(engine: LLMEngine) -> list[list[str]]:
@@ -52,7 +57,7 @@ def _finished_at(engine: LLMEngine, short_len: int, forwards: int) -> dict[str, 
     engine.add_prefill("long", LONG, GREEDY)
     finished_at = {}
     for forward in range(forwards):
-        engine.add_prefill(f"short-{forward}", [5 + i % 90 for i in range(short_len)], GREEDY)
+        engine.add_prefill(f"short-{forward}", _prompt(short_len), GREEDY)
         finished_at.update({out.request_id: forward for out in engine.prefill_step()})
     return finished_at
 

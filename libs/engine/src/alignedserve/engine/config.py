@@ -105,8 +105,7 @@ class EngineConfig:
     max_prefill_tokens: int = 2048  # tokens per prefill forward; longer prompts go in chunks
     # which waiting prompts get a prefill forward's tokens first: "fcfs" or "shortest" (remaining)
     prefill_order: str = "fcfs"
-    # "shortest": a waiting prompt goes first once other prompts were prefilled this many times its length
-    prefill_overtake_ratio: float = PREFILL_OVERTAKE_RATIO
+    prefill_overtake_ratio: float = PREFILL_OVERTAKE_RATIO  # "shortest" only: see PREFILL_OVERTAKE_RATIO
     max_model_len: int | None = None  # None: the model's own context length
     attention: str = "auto"  # grouping of the "torch" decode backend; "auto" picks per batch shape
     # decode attention backend: "auto" = the Triton paged kernel on CUDA (where triton imports), else
