@@ -314,6 +314,25 @@ async def test_with_prefetch_from_pool_waiting_candidates_are_pulled_from_the_po
     await stop_worker(worker)
 
 
+async def test_with_prefetch_from_pool_a_plan_is_pulled_when_it_arrives_not_at_admission(peers: Peers, bus_url: str, tiny: LoadedModel) -> None:  # fmt: skip
+    """A worker with free slots admits a plan at its next iteration. The plan's KV is pulled as soon as
+    the plan arrives (during a step, on a busy worker), so admission only imports it: no byte is pulled
+    at admission, with the engine idle."""
+    batch = prompts([7, 21, 13], seed=4)
+    want = reference(tiny, batch, max_tokens=10, ignore_eos=True)
+    worker = await start_worker(peers, bus_url, tiny, prefetch_from_pool=True)
+    spec = SamplingSpec(max_tokens=10, temperature=0.0, ignore_eos=True)
+    planned = [await peers.prefill(f"q{i}", p, spec, staged=False) for i, p in enumerate(batch)]
+    await publish_plan(peers, 13, planned)
+    await peers.inbox.until(lambda: len(peers.finished("decode-t")) == 3, "3 finished requests")
+    assert peers.outputs() == {f"q{i}": w for i, w in enumerate(want)}
+    metrics = await metrics_text(peers)
+    assert 'alignedserve:decode_admitted_requests_total{source="batch"} 3.0' in metrics
+    assert 'alignedserve:decode_kv_pulled_bytes_total{when="prefetch"}' in metrics
+    assert 'decode_kv_pulled_bytes_total{when="admission"}' not in metrics
+    await stop_worker(worker)
+
+
 async def test_staged_batch_with_evictions_to_the_staging_buffer_still_decodes_exactly(peers: Peers, bus_url: str, tiny: LoadedModel) -> None:  # fmt: skip
     batch = prompts([10, 11, 12, 13, 9, 14], seed=2)
     want = reference(tiny, batch, max_tokens=20, ignore_eos=True)

@@ -8,7 +8,7 @@ taken from the local prefetcher (pre-pulled onto this device, or pulled now) and
 A request whose KV is lost here (a pull or import failed, no room at admission, nobody took it at
 drain) is forgotten and reported with `RequestLost`: its gateway re-prefills it, the client loses nothing.
 
-Only this loop touches the engine; bus handlers only change the core and wake the loop.
+Only this loop touches the engine; bus handlers change the core, start KV pulls and wake the loop.
 """
 
 from __future__ import annotations
@@ -112,6 +112,9 @@ class DecodeWorker:
                 log.warning("prefetch_failed", batch_id=message.batch_id, lost=len(lost),
                             staging=message.staging_worker_id)  # fmt: skip
             self._publish(lost)
+        # Pull the new candidates' KV now, while the loop is inside a step: a candidate admitted at the
+        # next plan would otherwise be pulled there, with the engine idle for the transfer.
+        self.prefetcher.fill(self.core.candidates())
         self._wake.set()
 
     async def on_event(self, message: Message) -> None:
