@@ -112,8 +112,8 @@ class DecodeWorker:
                 log.warning("prefetch_failed", batch_id=message.batch_id, lost=len(lost),
                             staging=message.staging_worker_id)  # fmt: skip
             self._publish(lost)
-        # Pull the new candidates' KV now, while the loop is inside a step: a candidate admitted at the
-        # next plan would otherwise be pulled there, with the engine idle for the transfer.
+        # Pull the new candidates' KV now, during the step in flight: the loop's own fill comes after the
+        # next iteration's admissions, so a candidate admitted there would be pulled with the engine idle.
         self.prefetcher.fill(self.core.candidates())
         self._wake.set()
 
