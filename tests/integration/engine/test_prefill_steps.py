@@ -65,13 +65,14 @@ def _finished_at(engine: LLMEngine, short_len: int, forwards: int) -> dict[str, 
 def test_short_prompts_filling_every_forward_hold_a_long_one_back_only_until_it_is_overdue(
     tiny_llama: PreTrainedModel,
 ) -> None:
+    ratio = 2.0
     engine = tiny_engine(
-        tiny_llama, max_prefill_tokens=BUDGET, prefill_order="shortest", prefill_overtake_ratio=2.0
+        tiny_llama, max_prefill_tokens=BUDGET, prefill_order="shortest", prefill_overtake_ratio=ratio
     )
     finished_at = _finished_at(engine, BUDGET, forwards=16)
     # every forward is the newest short prompt's until the long one was overtaken by 2 x 100 tokens
     # (7 forwards of 32), then its four chunks run first: forwards 7, 8, 9 and 10
-    overdue_after = math.ceil(2.0 * len(LONG) / BUDGET)
+    overdue_after = math.ceil(ratio * len(LONG) / BUDGET)
     assert overdue_after == 7
     assert finished_at["long"] == overdue_after + 3
     assert finished_at["short-0"] == 0
