@@ -1,6 +1,7 @@
 """The C GEMM for decode on CPUs with AVX-512 BF16 (`cpu_linear`), built with this host's C compiler. It
 matches `F.linear` within one bfloat16 step at every row count a tile specialization covers (1-12 rows,
-and balanced tiles beyond), over strided inputs and column ranges split across two threads. Behind the
+and balanced tiles beyond), over strided inputs and column ranges split across two threads (torch's own
+OpenMP threads; without OpenMP, all on the calling one). Behind the
 engine, decode forwards of two or more rows take it where the "cpu" decode backend runs, the linear
 kernel is "auto"; one-row calls, prefill and an explicit linear kernel keep the model's own. Where the CPU
 has AMX tiles and k is a multiple of 32 the tile kernel (`cpu_linear_amx.c`) computes it: the row counts
@@ -8,7 +9,11 @@ here span one tile (16 rows) and more, and 576 / 1536 are such k."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import shutil
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +21,7 @@ from engine_models import TINY_LLAMA_D64, mixed_prompts, random_model, tiny_engi
 from torch import nn
 
 from alignedserve.core.sampling import SamplingParams
-from alignedserve.engine import cpu_linear
+from alignedserve.engine import cpu_kernels, cpu_linear
 from alignedserve.engine.linear import TorchLinear
 
 pytestmark = pytest.mark.skipif(
@@ -51,6 +56,33 @@ def test_strided_rows_and_two_threads_give_the_one_thread_result() -> None:
     torch.set_num_threads(1)
     assert torch.equal(split, cpu_linear.linear(x.contiguous(), packed))
     _within_one_step(split, nn.functional.linear(x, weight))
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_two_threads_are_torchs_own_openmp_threads_not_a_second_pool() -> None:
+    x, weight = torch.randn(64, 576).bfloat16(), torch.randn(576, 576).bfloat16()
+    torch.mm(x, weight)  # torch's team for this thread, started by its own op
+    before = len(os.listdir("/proc/self/task"))
+    cpu_linear.linear(x[:16], cpu_linear.pack(weight))
+    assert len(os.listdir("/proc/self/task")) == before
+    runtimes = {
+        line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libgomp" in line
+    }
+    assert len(runtimes) == 1
+    assert Path(next(iter(runtimes))).is_relative_to(Path(torch.__file__).parent)
+
+
+def test_built_without_openmp_a_kernel_runs_every_item_on_the_calling_thread(tmp_path: Path) -> None:
+    source = Path(cpu_linear.__file__).with_name("cpu_linear.c")
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    assert compiler is not None
+    serial = ctypes.CDLL(str(cpu_kernels._build(source, compiler, tmp_path, cpu_kernels.COMPILE_FLAGS, ())))
+    weight, x = (torch.randn(208, 96) * 0.05).bfloat16(), torch.randn(9, 96).bfloat16()
+    packed, out = cpu_linear.pack(weight), torch.empty(9, 208, dtype=torch.bfloat16)
+    arguments = (x.data_ptr(), 96, packed.data_ptr(), out.data_ptr(), 208, 9, 96, 208, 2)
+    serial.linear_bf16.argtypes = cpu_linear.LINEAR_ARGS
+    assert serial.linear_bf16(*arguments) == 0  # two threads asked for, none to give
+    assert torch.equal(out, cpu_linear.linear(x, packed))
 
 
 def test_weights_it_cannot_take_stay_with_the_small_kernel() -> None:

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_parallel.h"
+
 // The floor of a running maximum and the score of a masked key. Finite: -ffast-math lets the compiler
 // assume no infinities. exp(LOWEST - any real score) is 0, and masked keys get probability 0 explicitly.
 #define LOWEST (-3.0e38f)
@@ -161,13 +163,11 @@ static AttendFn specialized(int64_t group, int64_t dim) {
     return attend_any;
 }
 
-// query, out: [B, heads, dim] bfloat16, contiguous; keys, values: [num_blocks, block_size, kv_heads, dim];
-// tables: [B, table_width] int32; lens: [B] int32, each >= 1. Runs work items first .. last - 1 of
-// B * kv_heads (callers split them across threads). Returns 0, or -1 for a shape it does not take.
-int paged_decode_bf16(const uint16_t *query, const uint16_t *keys, const uint16_t *values, const int32_t *tables,
-                      const int32_t *lens, uint16_t *out, int64_t heads, int64_t kv_heads, int64_t dim,
-                      int64_t block_size, int64_t table_width, int64_t max_len, float scale, int64_t first,
-                      int64_t last) {
+// Work items first .. last - 1 of paged_decode_bf16's B * kv_heads (row, KV head).
+static int decode_items(const uint16_t *query, const uint16_t *keys, const uint16_t *values, const int32_t *tables,
+                        const int32_t *lens, uint16_t *out, int64_t heads, int64_t kv_heads, int64_t dim,
+                        int64_t block_size, int64_t table_width, int64_t max_len, float scale, int64_t first,
+                        int64_t last) {
     const int64_t group = heads / kv_heads;
     if (group < 1 || group > MAX_GROUP || heads % kv_heads || dim % 32 || dim > MAX_DIM || block_size < 1 ||
         (block_size & (block_size - 1)))
@@ -182,6 +182,17 @@ int paged_decode_bf16(const uint16_t *query, const uint16_t *keys, const uint16_
     }
     free(scores);
     return 0;
+}
+
+// query, out: [B, heads, dim] bfloat16, contiguous; keys, values: [num_blocks, block_size, kv_heads, dim];
+// tables: [B, table_width] int32; lens: [B] int32, each >= 1. The B * kv_heads work items (row, KV head) split
+// across `threads` (cpu_parallel.h). Returns 0, -1 for a shape it does not take, -2 out of memory.
+int paged_decode_bf16(const uint16_t *query, const uint16_t *keys, const uint16_t *values, const int32_t *tables,
+                      const int32_t *lens, uint16_t *out, int64_t heads, int64_t kv_heads, int64_t dim,
+                      int64_t block_size, int64_t table_width, int64_t max_len, float scale, int64_t rows,
+                      int64_t threads) {
+    return SPLIT_RANGES(rows * kv_heads, threads, decode_items(query, keys, values, tables, lens, out, heads, kv_heads, dim,
+                                                     block_size, table_width, max_len, scale, first, last));
 }
 
 // ---- prefill ----
@@ -296,12 +307,10 @@ static void attend_tile_any(const uint16_t *q, const int64_t *limit, int64_t row
         attend_tile(q, limit, rows, kp, vp, dim, scale, o, s, pp, m, l);
 }
 
-// query, out: [q_len, heads, dim] (positions cached .. cached + q_len - 1); keys, values: the paged cache
-// [num_blocks, block_size, kv_heads, dim] holding all cached + q_len tokens; table: the request's blocks.
-// KV heads first .. last - 1. Returns 0, -1 for a shape it does not take, -2 out of memory.
-int paged_prefill_bf16(const uint16_t *query, const uint16_t *keys, const uint16_t *values, const int64_t *table,
-                       uint16_t *out, int64_t q_len, int64_t cached, int64_t heads, int64_t kv_heads, int64_t dim,
-                       int64_t block_size, float scale, int64_t first, int64_t last) {
+// KV heads first .. last - 1 of paged_prefill_bf16's.
+static int prefill_heads(const uint16_t *query, const uint16_t *keys, const uint16_t *values, const int64_t *table,
+                         uint16_t *out, int64_t q_len, int64_t cached, int64_t heads, int64_t kv_heads, int64_t dim,
+                         int64_t block_size, float scale, int64_t first, int64_t last) {
     const int64_t group = heads / kv_heads, total = cached + q_len;
     if (heads % kv_heads || dim % 32 || dim > 256 || group > ROW_TILE) return -1;
     const int64_t tiles = (total + KEY_TILE - 1) / KEY_TILE, positions = ROW_TILE / group;
@@ -335,4 +344,15 @@ int paged_prefill_bf16(const uint16_t *query, const uint16_t *keys, const uint16
     }
     free(kp), free(vp), free(qt), free(o), free(s), free(pp), free(m), free(l), free(limit);
     return rc;
+}
+
+// query, out: [q_len, heads, dim] (positions cached .. cached + q_len - 1); keys, values: the paged cache
+// [num_blocks, block_size, kv_heads, dim] holding all cached + q_len tokens; table: the request's blocks.
+// The KV heads split across `threads` (cpu_parallel.h). Returns 0, -1 for a shape it does not take, -2 out
+// of memory.
+int paged_prefill_bf16(const uint16_t *query, const uint16_t *keys, const uint16_t *values, const int64_t *table,
+                       uint16_t *out, int64_t q_len, int64_t cached, int64_t heads, int64_t kv_heads, int64_t dim,
+                       int64_t block_size, float scale, int64_t threads) {
+    return SPLIT_RANGES(kv_heads, threads, prefill_heads(query, keys, values, table, out, q_len, cached, heads,
+                                                         kv_heads, dim, block_size, scale, first, last));
 }

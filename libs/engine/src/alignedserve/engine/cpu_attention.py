@@ -11,7 +11,8 @@ backend (`CpuKernelDecode`) runs both: batches of one decode row keep the "torch
 is the accuracy contract's batch-1 reference bit for bit.
 
 The C source is built and loaded by `cpu_kernels` (once per host, with the system C compiler). Work items
-(decode: row x KV head; prefill: KV head) are split across torch's intra-op threads. No compiler, or a CPU
+(decode: row x KV head; prefill: KV head) are split across torch's intra-op threads by the kernels themselves
+(`cpu_parallel.h`). No compiler, or a CPU
 without AVX-512 BF16: `kernel_available()` is False and "auto" stays on "torch".
 """
 
@@ -22,7 +23,7 @@ import functools
 
 import torch
 
-from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, available, bound, run_split
+from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, available, bound, run_threaded
 from alignedserve.engine.decode_backend import (
     DecodeBackend,
     DecodeStep,
@@ -44,8 +45,8 @@ def kernel_available() -> bool:
 @functools.cache
 def library() -> ctypes.CDLL:
     """The compiled kernels, built on first use; KernelUnavailable says why not."""
-    decode = [PTR] * 6 + [I64] * 6 + [ctypes.c_float, I64, I64]
-    prefill = [PTR] * 5 + [I64] * 6 + [ctypes.c_float, I64, I64]
+    decode = [PTR] * 6 + [I64] * 6 + [ctypes.c_float, I64, I64]  # ..., scale, rows, threads
+    prefill = [PTR] * 5 + [I64] * 6 + [ctypes.c_float, I64]  # ..., scale, threads
     return bound("cpu_attention.c", {"paged_decode_bf16": decode, "paged_prefill_bf16": prefill})
 
 
@@ -66,12 +67,11 @@ def paged_decode(
     _, block_size, kv_heads, _ = keys.shape
     arguments = (
         query.data_ptr(), keys.data_ptr(), values.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(),
-        out.data_ptr(), heads, kv_heads, dim, block_size, block_tables.shape[1], max_context, scale,
+        out.data_ptr(), heads, kv_heads, dim, block_size, block_tables.shape[1], max_context, scale, rows,
     )  # fmt: skip
-    run_split(
+    run_threaded(
         library().paged_decode_bf16,
         arguments,
-        rows * kv_heads,
         f"decode with {heads}/{kv_heads} heads, d={dim} (use decode_backend torch)",
     )
     return out
@@ -97,10 +97,9 @@ def paged_prefill(
         query.data_ptr(), keys.data_ptr(), values.data_ptr(), block_table.data_ptr(), out.data_ptr(),
         q_len, cached, heads, kv_heads, dim, block_size, scale,
     )  # fmt: skip
-    run_split(
+    run_threaded(
         library().paged_prefill_bf16,
         arguments,
-        kv_heads,
         f"prefill with {heads}/{kv_heads} heads, d={dim} (use decode_backend torch)",
     )
     return out

@@ -2,9 +2,14 @@
 
 Each kernel library is one C source next to this file (`cpu_attention.c`, `cpu_linear.c`, ...), compiled once
 per host with the system C compiler (`cc`, or $CC) into `$ALIGNEDSERVE_CACHE_DIR/kernels/` (default
-`~/.cache/alignedserve`), keyed by the source, the flags and the compiler; `ctypes` loads it and releases
-the GIL for every call. No compiler, a CPU without AVX-512 BF16, or a cache directory that cannot be
-written: `KernelUnavailable`, which says why, and the callers' "auto" choices stay on torch.
+`~/.cache/alignedserve`), keyed by the source, the headers beside it, the flags and the compiler; `ctypes`
+loads it and releases the GIL for every call. No compiler, a CPU without AVX-512 BF16, or a cache
+directory that cannot be written: `KernelUnavailable`, which says why, and the callers' "auto" choices stay
+on torch.
+
+A kernel splits its work across torch's intra-op threads itself, with OpenMP on torch's own runtime
+(`cpu_parallel.h`); every kernel takes the thread count last (`run_threaded`). A compiler without OpenMP
+builds them single-threaded.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,8 @@ COMPILE_FLAGS = (
     *("-O3", "-std=gnu11", "-fPIC", "-ffast-math"),
     *("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"),
 )
+# Tried first, at compile and link time: libgomp.so.1 resolves to the copy torch loaded (cpu_parallel.h).
+OPENMP_FLAGS = ("-fopenmp",)
 # Sources that need more than AVX-512 BF16: their extra compile flags and the CPU flags those need.
 EXTRA_BY_SOURCE: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "cpu_linear_amx.c": (("-mamx-tile", "-mamx-bf16"), frozenset({"amx_tile", "amx_bf16"})),
@@ -75,25 +81,29 @@ def compiled(source_name: str) -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise KernelUnavailable("no C compiler (cc or $CC) to build it")
+    source, directory, flags = (
+        Path(__file__).with_name(source_name),
+        cache_root() / "kernels",
+        (*COMPILE_FLAGS, *extra_flags),
+    )
     try:
-        return ctypes.CDLL(
-            str(
-                _build(
-                    Path(__file__).with_name(source_name),
-                    compiler,
-                    cache_root() / "kernels",
-                    (*COMPILE_FLAGS, *extra_flags),
-                )
-            )
-        )
+        try:
+            return ctypes.CDLL(str(_build(source, compiler, directory, flags, OPENMP_FLAGS)))
+        except KernelUnavailable:  # a compiler without OpenMP: the kernels run on the calling thread
+            return ctypes.CDLL(str(_build(source, compiler, directory, flags, ())))
     except OSError as exc:  # a read-only cache directory, a compiler that does not run, a bad library
         raise KernelUnavailable(f"building or loading it failed: {exc}") from exc
 
 
-def _build(source: Path, compiler: str, directory: Path, flags: tuple[str, ...]) -> Path:
-    """The shared library for this source, flags and compiler: built unless already there."""
+def _build(
+    source: Path, compiler: str, directory: Path, flags: tuple[str, ...], openmp: tuple[str, ...]
+) -> Path:
+    """The shared library for this source (with the headers beside it), flags and compiler: built unless
+    already there. `openmp`: flags given both to the compiler and to the linker."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
-    key = hashlib.sha256(repr((source.read_bytes(), flags, version)).encode()).hexdigest()
+    headers = [header.read_bytes() for header in sorted(source.parent.glob("*.h"))]
+    flags = (*flags, *openmp)
+    key = hashlib.sha256(repr((source.read_bytes(), headers, flags, version)).encode()).hexdigest()
     path = directory / f"{source.stem}-{key[:16]}.so"
     if path.exists():
         return path
@@ -102,7 +112,7 @@ def _build(source: Path, compiler: str, directory: Path, flags: tuple[str, ...])
         obj, lib = Path(scratch) / f"{source.stem}.o", Path(scratch) / path.name
         for command in (
             [compiler, *flags, "-c", str(source), "-o", str(obj)],
-            [compiler, "-shared", str(obj), "-o", str(lib), "-lm"],
+            [compiler, "-shared", *openmp, str(obj), "-o", str(lib), "-lm"],
         ):
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode != 0:
@@ -111,22 +121,9 @@ def _build(source: Path, compiler: str, directory: Path, flags: tuple[str, ...])
     return path
 
 
-@functools.cache
-def _pool(threads: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cpu-kernel")
-
-
-def run_split(function: Callable[..., int], arguments: tuple[object, ...], items: int, what: str) -> None:
-    """function(*arguments, first, last) over work items 0 .. items - 1, split across torch's intra-op
-    threads. what: the call, for the error when the kernel refuses its shape."""
-
-    def run(first: int, last: int) -> None:
-        if function(*arguments, first, last) != 0:
-            raise ValueError(f"the cpu kernels cannot run {what}")
-
-    threads = min(torch.get_num_threads(), items)
-    if threads <= 1:
-        run(0, items)
-        return
-    bounds = [items * i // threads for i in range(threads + 1)]
-    list(_pool(threads).map(run, bounds[:-1], bounds[1:]))  # ctypes releases the GIL: threads overlap
+def run_threaded(function: Callable[..., int], arguments: tuple[object, ...], what: str) -> None:
+    """function(*arguments, threads): a kernel that splits its work across `threads`, the calling thread's
+    torch intra-op count (an engine's placement sets it on the engine's thread). what: the call, for the
+    error when the kernel refuses its shape."""
+    if function(*arguments, torch.get_num_threads()) != 0:
+        raise ValueError(f"the cpu kernels cannot run {what}")

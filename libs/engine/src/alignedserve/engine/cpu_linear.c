@@ -8,6 +8,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "cpu_parallel.h"
+
 #define COLUMN_BLOCK 16  // output columns per packed block: one zmm of float32
 #define MAX_TILE_ROWS 12  // 12 rows x 2 blocks = 24 of the 32 vector registers as accumulators
 #define NARROW_ROWS 6     // up to 6 rows, 4 blocks per tile (more columns in flight for few rows)
@@ -80,12 +82,10 @@ static const TileFn TILES[MAX_TILE_ROWS + 1][3] = {
     {tile_12_1, tile_12_2, 0},
 };
 
-// out[rows, n] (row stride ldo) = x[rows, k] (row stride ldx) @ w^T, w packed by pack_weight_bf16; computes
-// column blocks first .. last - 1 of n / 16 (callers split them across threads). The rows are cut into
-// near-equal tiles of at most 12 (13 rows: 7 + 6, not 12 + 1), each over the same columns while they are
-// in cache. Returns 0, or -1 for a shape it does not take.
-int linear_bf16(const uint16_t *x, int64_t ldx, const uint16_t *packed, uint16_t *out, int64_t ldo, int64_t rows,
-                int64_t k, int64_t first, int64_t last) {
+// Column blocks first .. last - 1 of linear_bf16's output. The rows are cut into near-equal tiles of at most
+// 12 (13 rows: 7 + 6, not 12 + 1), each over the same columns while they are in cache.
+static int linear_columns(const uint16_t *x, int64_t ldx, const uint16_t *packed, uint16_t *out, int64_t ldo,
+                          int64_t rows, int64_t k, int64_t first, int64_t last) {
     if (rows < 1 || k < 2 || k % 2) return -1;
     const int64_t tiles = (rows + MAX_TILE_ROWS - 1) / MAX_TILE_ROWS;
     const int wide = rows <= NARROW_ROWS ? 4 : 2;
@@ -102,4 +102,12 @@ int linear_bf16(const uint16_t *x, int64_t ldx, const uint16_t *packed, uint16_t
         nb += blocks;
     }
     return 0;
+}
+
+// out[rows, n] (row stride ldo) = x[rows, k] (row stride ldx) @ w^T, w packed by pack_weight_bf16; its n / 16
+// column blocks split across `threads` (cpu_parallel.h). Returns 0, or -1 for a shape it does not take.
+int linear_bf16(const uint16_t *x, int64_t ldx, const uint16_t *packed, uint16_t *out, int64_t ldo, int64_t rows,
+                int64_t k, int64_t n, int64_t threads) {
+    if (n % COLUMN_BLOCK) return -1;
+    return SPLIT_RANGES(n / COLUMN_BLOCK, threads, linear_columns(x, ldx, packed, out, ldo, rows, k, first, last));
 }

@@ -30,7 +30,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, available, bound, run_split
+from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, available, bound, run_threaded
 from alignedserve.engine.linear import FusedGroup, LinearKernel, projection_units
 
 __all__ = ["CpuKernelLinear", "KernelUnavailable", "kernel_available"]
@@ -46,7 +46,7 @@ def kernel_available() -> bool:
     return available(library)
 
 
-LINEAR_ARGS = [PTR, I64, PTR, PTR, I64, I64, I64, I64, I64]  # x, ldx, packed, out, ldo, rows, k, first, last
+LINEAR_ARGS = [PTR, I64, PTR, PTR, I64, I64, I64, I64, I64]  # x, ldx, packed, out, ldo, rows, k, n, threads
 AMX_K = 32  # the tile kernel's k step
 
 
@@ -101,8 +101,9 @@ def linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         out.stride(0),
         rows,
         in_features,
+        packed.shape[0],
     )
-    run_split(_gemm(in_features), arguments, packed.shape[0] // COLUMN_BLOCK, f"a linear of {tuple(x.shape)}")
+    run_threaded(_gemm(in_features), arguments, f"a linear of {tuple(x.shape)}")
     return out
 
 

@@ -12,6 +12,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "cpu_parallel.h"
+
 #define ARCH_REQ_XCOMP_PERM 0x1023  // Linux: a process asks once before its threads use tile data
 #define XFEATURE_XTILEDATA 18
 #define COLUMN_BLOCK 16  // output columns per packed block: one row of a float32 accumulator tile
@@ -93,11 +95,10 @@ static void one_block(const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t
     store_rows(acc, rows, out, ldo);
 }
 
-// As cpu_linear.c's linear_bf16: column blocks first .. last - 1 of n / 16, every row. Rows beyond 16 run
-// as further tiles over the same four blocks while their weights are in cache. Returns 0, or -1 for a
-// shape it does not take (k not a multiple of 32).
-int linear_amx_bf16(const uint16_t *x, int64_t ldx, const uint16_t *packed, uint16_t *out, int64_t ldo,
-                    int64_t rows, int64_t k, int64_t first, int64_t last) {
+// Column blocks first .. last - 1 of n / 16, every row, on the calling thread's tiles (each thread configures
+// its own). Rows beyond 16 run as further tiles over the same four blocks while their weights are in cache.
+static int amx_columns(const uint16_t *x, int64_t ldx, const uint16_t *packed, uint16_t *out, int64_t ldo,
+                       int64_t rows, int64_t k, int64_t first, int64_t last) {
     if (rows < 1 || k < TILE_K || k % TILE_K) return -1;
     int configured = 0;
     for (int64_t nb = first; nb < last;) {
@@ -116,4 +117,12 @@ int linear_amx_bf16(const uint16_t *x, int64_t ldx, const uint16_t *packed, uint
     }
     _tile_release();  // no tile state left for the OS to save at a switch
     return 0;
+}
+
+// As cpu_linear.c's linear_bf16 (same arguments, same packed weight). Returns 0, or -1 for a shape it does not
+// take (k not a multiple of 32).
+int linear_amx_bf16(const uint16_t *x, int64_t ldx, const uint16_t *packed, uint16_t *out, int64_t ldo,
+                    int64_t rows, int64_t k, int64_t n, int64_t threads) {
+    if (n % COLUMN_BLOCK) return -1;
+    return SPLIT_RANGES(n / COLUMN_BLOCK, threads, amx_columns(x, ldx, packed, out, ldo, rows, k, first, last));
 }
