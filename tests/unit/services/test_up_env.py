@@ -23,14 +23,30 @@ def commands(cfg: UpSettings) -> dict[str, list[str]]:
     return {name: argv for name, _, argv in up.service_commands(cfg, "redis://127.0.0.1:6379/0")}
 
 
-def test_cpu_engines_wait_passively_and_the_other_services_are_left_alone(
+def test_engines_sharing_cores_wait_passively_and_the_other_services_are_left_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    cfg = config()
+    cfg = up.parse_args(["--cpu-layout", "shared", "--log-dir", "/tmp/unused"])
     envs = {name: up.engine_env(cfg, argv) for name, argv in commands(cfg).items()}
     assert envs["prefill-0"] == envs["decode-0"] == {"OMP_WAIT_POLICY": "PASSIVE"}
     assert envs["gateway"] == envs["kvpool-0"] == envs["batcher-0"] == {}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_an_engine_on_cores_of_its_own_keeps_openmps_default_wait(
+    layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    cfg = up.parse_args(["--cpu-layout", layout, "--log-dir", "/tmp/unused"])
+    started = commands(cfg)
+    engines = [name for name in started if name.startswith(("prefill-", "decode-"))]
+    cores = {name: set(started[name][started[name].index("--cpus") + 1].split(",")) for name in engines}
+    shared = any(cores[a] & cores[b] for a in engines for b in engines if a < b)
+    assert shared == LAYOUTS[layout].engines_share_cores
+    expected = {"OMP_WAIT_POLICY": "PASSIVE"} if shared else {}
+    assert all(up.engine_env(cfg, started[name]) == expected for name in engines)
 
 
 def test_what_the_user_exported_wins_and_gpus_get_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -86,6 +86,14 @@ class CpuLayout(Protocol):
         """Which engines take turns on the cores they share (`alignedserve.service.compute_turns`)."""
         ...
 
+    @property
+    def engines_share_cores(self) -> bool:
+        """Whether an engine's cores also run another engine. Then its OpenMP threads sleep as soon as they
+        are idle (`OMP_WAIT_POLICY=PASSIVE`), leaving the core to the other engine at once; on cores of its
+        own they spin a moment first, as OpenMP does by default, and the next op finds them awake. (One
+        CPU: every layout is `shared`, with one thread an engine and no team to wait.)"""
+        ...
+
     def place(self, role: Role, cpus: Sequence[int]) -> Placement: ...
 
 
@@ -96,6 +104,7 @@ class Shared:
     name: str = "shared"
     spill_workers: int = 0
     turns: Turns = NO_TURNS
+    engines_share_cores: bool = True
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Placement(len(cpus), tuple(cpus))
@@ -108,6 +117,7 @@ class PrefillYields:
     name: str = "prefill-yields"
     spill_workers: int = 0
     turns: Turns = NO_TURNS
+    engines_share_cores: bool = True
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Placement(len(cpus), tuple(cpus), PREFILL_NICE if role in ("prefill", "spill") else 0)
@@ -122,6 +132,7 @@ class PrefillFirst:
     name: str = "prefill-first"
     spill_workers: int = 0
     turns: Turns = Turns(EVERY_ENGINE)
+    engines_share_cores: bool = True
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Shared().place(role, cpus)
@@ -139,6 +150,7 @@ class PrefillLeads:
     name: str = "prefill-leads"
     spill_workers: int = 0
     turns: Turns = Turns(EVERY_ENGINE, max_wait_ms=100)
+    engines_share_cores: bool = True
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return PrefillFirst().place(role, cpus)
@@ -153,6 +165,7 @@ class Split:
     name: str = "split"
     spill_workers: int = 0
     turns: Turns = NO_TURNS
+    engines_share_cores: bool = False
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         if len(cpus) < 2:
@@ -177,6 +190,7 @@ class SplitSpill:
     name: str = "split-spill"
     spill_workers: int = 1
     turns: Turns = NO_TURNS
+    engines_share_cores: bool = True
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Split().place("decode" if role == "spill" else role, cpus)
@@ -195,6 +209,7 @@ class SplitSpillFirst:
     name: str = "split-spill-first"
     spill_workers: int = 1
     turns: Turns = Turns(frozenset({"spill", "decode"}), max_wait_ms=50)
+    engines_share_cores: bool = True
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return SplitSpill().place(role, cpus)
@@ -211,6 +226,7 @@ class SplitDecodeAlone:
     name: str = "split-decode-alone"
     spill_workers: int = 0
     turns: Turns = NO_TURNS
+    engines_share_cores: bool = False
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Split().place("prefill" if role in ("service", "pool") else role, cpus)
@@ -228,6 +244,7 @@ class SplitPoolWithDecode:
     name: str = "split-pool-with-decode"
     spill_workers: int = 0
     turns: Turns = NO_TURNS
+    engines_share_cores: bool = False
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Split().place("prefill" if role == "service" else role, cpus)

@@ -33,7 +33,9 @@ from alignedserve.up.supervise import CrashLoop, Supervised, Supervisor
 
 # Engines on one machine's cores: OpenMP threads that spin while they wait for work take the cores from
 # the other engine. Beside a prefill loop, a decode step took 3.1x its time alone with libgomp's default
-# spinning and 1.3x with passive waiting (two engines of 2 threads on 2 cores; docs/benchmarks.md).
+# spinning and 1.3x with passive waiting (two engines of 2 threads on 2 cores; docs/benchmarks.md). An
+# engine on cores of its own keeps the default: alone on 2 cores, passive waiting cost a 2-thread engine
+# 0.57-0.89x its decode tok/s (docs/benchmarks.md, "The C kernels on torch's own threads").
 ENGINE_ENV_ON_SHARED_CPU = {"OMP_WAIT_POLICY": "PASSIVE"}
 ENGINE_SERVICES = ("prefill", "decode")
 READY_TIMEOUT_S = 600.0  # first start converts the GGUF weights once; later starts take seconds
@@ -169,9 +171,9 @@ def ensure_broker(bus: str | None) -> tuple[embedded.EmbeddedBroker | None, str]
 
 
 def engine_env(cfg: UpSettings, argv: list[str]) -> dict[str, str]:
-    """What an engine process on this machine's CPU needs beside the others; what the user exported
-    wins (e.g. OMP_WAIT_POLICY=ACTIVE for a single worker with the cores to itself)."""
-    if argv[0] not in ENGINE_SERVICES or cfg.device != "cpu":
+    """What an engine process on this machine's CPU needs where the layout has engines share cores; what
+    the user exported wins (e.g. OMP_WAIT_POLICY=ACTIVE for a single worker with the cores to itself)."""
+    if argv[0] not in ENGINE_SERVICES or cfg.device != "cpu" or not cpu_layout(cfg)[0].engines_share_cores:
         return {}
     return {k: v for k, v in ENGINE_ENV_ON_SHARED_CPU.items() if k not in os.environ}
 
