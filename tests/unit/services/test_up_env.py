@@ -9,7 +9,7 @@ from typing import get_args
 
 import pytest
 
-from alignedserve.core.cpu_layout import LAYOUTS, layout_named
+from alignedserve.core.cpu_layout import LAYOUTS, engines_share_cores, layout_named
 from alignedserve.engine.config import cpu_has_amx_bf16, resolve_dtype
 from alignedserve.up import main as up
 from alignedserve.up.config import UpSettings
@@ -44,9 +44,22 @@ def test_an_engine_on_cores_of_its_own_keeps_openmps_default_wait(
     engines = [name for name in started if name.startswith(("prefill-", "decode-"))]
     cores = {name: set(started[name][started[name].index("--cpus") + 1].split(",")) for name in engines}
     shared = any(cores[a] & cores[b] for a in engines for b in engines if a < b)
-    assert shared == LAYOUTS[layout].engines_share_cores
+    assert shared == engines_share_cores(LAYOUTS[layout], [0, 1, 2, 3])
+    assert shared == (layout not in ("split", "split-decode-alone", "split-pool-with-decode"))
     expected = {"OMP_WAIT_POLICY": "PASSIVE"} if shared else {}
     assert all(up.engine_env(cfg, started[name]) == expected for name in engines)
+
+
+def test_two_workers_of_one_role_share_its_cores_and_wait_passively(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    cfg = up.parse_args(["--cpu-layout", "split", "--prefill", "2", "--log-dir", "/tmp/unused"])
+    started = commands(cfg)
+    assert started["prefill-0"][-6:] == started["prefill-1"][-6:]  # the same prefill cores
+    assert up.engine_env(cfg, started["decode-0"]) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    one_cpu = up.parse_args(["--cpu-layout", "split", "--log-dir", "/tmp/unused"])
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0})
+    assert up.engine_env(one_cpu, commands(one_cpu)["decode-0"]) == {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def test_what_the_user_exported_wins_and_gpus_get_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

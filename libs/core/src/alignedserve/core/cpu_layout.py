@@ -86,14 +86,6 @@ class CpuLayout(Protocol):
         """Which engines take turns on the cores they share (`alignedserve.service.compute_turns`)."""
         ...
 
-    @property
-    def engines_share_cores(self) -> bool:
-        """Whether an engine's cores also run another engine. Then its OpenMP threads sleep as soon as they
-        are idle (`OMP_WAIT_POLICY=PASSIVE`), leaving the core to the other engine at once; on cores of its
-        own they spin a moment first, as OpenMP does by default, and the next op finds them awake. (One
-        CPU: every layout is `shared`, with one thread an engine and no team to wait.)"""
-        ...
-
     def place(self, role: Role, cpus: Sequence[int]) -> Placement: ...
 
 
@@ -104,7 +96,6 @@ class Shared:
     name: str = "shared"
     spill_workers: int = 0
     turns: Turns = NO_TURNS
-    engines_share_cores: bool = True
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Placement(len(cpus), tuple(cpus))
@@ -117,7 +108,6 @@ class PrefillYields:
     name: str = "prefill-yields"
     spill_workers: int = 0
     turns: Turns = NO_TURNS
-    engines_share_cores: bool = True
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Placement(len(cpus), tuple(cpus), PREFILL_NICE if role in ("prefill", "spill") else 0)
@@ -132,7 +122,6 @@ class PrefillFirst:
     name: str = "prefill-first"
     spill_workers: int = 0
     turns: Turns = Turns(EVERY_ENGINE)
-    engines_share_cores: bool = True
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Shared().place(role, cpus)
@@ -150,7 +139,6 @@ class PrefillLeads:
     name: str = "prefill-leads"
     spill_workers: int = 0
     turns: Turns = Turns(EVERY_ENGINE, max_wait_ms=100)
-    engines_share_cores: bool = True
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return PrefillFirst().place(role, cpus)
@@ -165,7 +153,6 @@ class Split:
     name: str = "split"
     spill_workers: int = 0
     turns: Turns = NO_TURNS
-    engines_share_cores: bool = False
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         if len(cpus) < 2:
@@ -190,7 +177,6 @@ class SplitSpill:
     name: str = "split-spill"
     spill_workers: int = 1
     turns: Turns = NO_TURNS
-    engines_share_cores: bool = True
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Split().place("decode" if role == "spill" else role, cpus)
@@ -209,7 +195,6 @@ class SplitSpillFirst:
     name: str = "split-spill-first"
     spill_workers: int = 1
     turns: Turns = Turns(frozenset({"spill", "decode"}), max_wait_ms=50)
-    engines_share_cores: bool = True
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return SplitSpill().place(role, cpus)
@@ -226,7 +211,6 @@ class SplitDecodeAlone:
     name: str = "split-decode-alone"
     spill_workers: int = 0
     turns: Turns = NO_TURNS
-    engines_share_cores: bool = False
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Split().place("prefill" if role in ("service", "pool") else role, cpus)
@@ -244,10 +228,23 @@ class SplitPoolWithDecode:
     name: str = "split-pool-with-decode"
     spill_workers: int = 0
     turns: Turns = NO_TURNS
-    engines_share_cores: bool = False
 
     def place(self, role: Role, cpus: Sequence[int]) -> Placement:
         return Split().place("prefill" if role == "service" else role, cpus)
+
+
+def engines_share_cores(layout: CpuLayout, cpus: Sequence[int], prefill: int = 1, decode: int = 1) -> bool:
+    """Whether two engines of the layout run on a common core of `cpus`, with `prefill` and `decode`
+    workers (the workers of one role share that role's cores). Then their OpenMP threads should sleep as
+    soon as they are idle (`OMP_WAIT_POLICY=PASSIVE`), leaving the core to the other engine at once; on
+    cores of its own an engine's threads spin a moment first, as OpenMP does by default, and the next op
+    finds them awake."""
+    if prefill > 1 or decode > 1 or layout.spill_workers > 1:
+        return True
+    spill: list[Role] = ["spill"] if layout.spill_workers else []
+    roles: list[Role] = ["prefill", "decode", *spill]
+    placed = [set(layout.place(role, cpus).cpus) for role in roles]
+    return any(a & b for i, a in enumerate(placed) for b in placed[i + 1 :])
 
 
 LAYOUTS: dict[str, CpuLayout] = {

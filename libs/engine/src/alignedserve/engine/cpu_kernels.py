@@ -88,9 +88,10 @@ def compiled(source_name: str) -> ctypes.CDLL:
     )
     try:
         try:
-            return ctypes.CDLL(str(_build(source, compiler, directory, flags, OPENMP_FLAGS)))
+            path = _build(source, compiler, directory, flags, OPENMP_FLAGS)
         except KernelUnavailable:  # a compiler without OpenMP: the kernels run on the calling thread
-            return ctypes.CDLL(str(_build(source, compiler, directory, flags, ())))
+            path = _build(source, compiler, directory, flags, ())
+        return ctypes.CDLL(str(path))
     except OSError as exc:  # a read-only cache directory, a compiler that does not run, a bad library
         raise KernelUnavailable(f"building or loading it failed: {exc}") from exc
 

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from alignedserve.bus import embedded
 from alignedserve.core.cli import STACK_DUMP_SIGNAL
 from alignedserve.core.config import mask_url_password, settings_or_exit_code
-from alignedserve.core.cpu_layout import CpuLayout, Role
+from alignedserve.core.cpu_layout import CpuLayout, Role, engines_share_cores
 from alignedserve.engine.config import host_cpu_layout
 from alignedserve.up.config import UpSettings
 from alignedserve.up.supervise import CrashLoop, Supervised, Supervisor
@@ -173,7 +173,10 @@ def ensure_broker(bus: str | None) -> tuple[embedded.EmbeddedBroker | None, str]
 def engine_env(cfg: UpSettings, argv: list[str]) -> dict[str, str]:
     """What an engine process on this machine's CPU needs where the layout has engines share cores; what
     the user exported wins (e.g. OMP_WAIT_POLICY=ACTIVE for a single worker with the cores to itself)."""
-    if argv[0] not in ENGINE_SERVICES or cfg.device != "cpu" or not cpu_layout(cfg)[0].engines_share_cores:
+    if argv[0] not in ENGINE_SERVICES or cfg.device != "cpu":
+        return {}
+    layout, cpus = cpu_layout(cfg)
+    if not engines_share_cores(layout, cpus, cfg.prefill, cfg.decode):
         return {}
     return {k: v for k, v in ENGINE_ENV_ON_SHARED_CPU.items() if k not in os.environ}
 
