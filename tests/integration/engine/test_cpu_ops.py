@@ -83,6 +83,26 @@ def test_silu_mul_matches_torch_on_strided_halves() -> None:
     _within_steps(cpu_ops.CpuLayerOps(silu=True).silu_mul(F.silu, gate, up), F.silu(gate) * up, steps=2)
 
 
+@pytest.mark.usefixtures("two_threads")
+def test_two_threads_give_each_steps_one_thread_bits() -> None:
+    """The rows split across torch's threads (`cpu_parallel.h`); each row is computed alone either way."""
+    generator = torch.Generator().manual_seed(4)
+    norm, ops = _Norm(576, generator), cpu_ops.CpuLayerOps(silu=True)
+    h, delta = (torch.randn(17, 576, generator=generator) * 3).bfloat16(), torch.randn(17, 576).bfloat16()
+    gate, up = (torch.randn(17, 1536, generator=generator) * 4).bfloat16(), torch.randn(17, 1536).bfloat16()
+    qk = torch.randn(17, 12, 64, generator=generator).bfloat16()
+    angles = torch.randn(17, 1, 64, generator=generator)
+    cos, sin = angles.cos().bfloat16(), signed_sin(angles.sin().bfloat16())
+
+    def steps() -> list[torch.Tensor]:
+        summed, normed = ops.add_rms_norm(norm, h.clone(), delta)
+        return [summed, normed, ops.silu_mul(F.silu, gate, up), ops.rotary(qk, cos, sin)]
+
+    split = steps()
+    torch.set_num_threads(1)
+    assert all(torch.equal(a, b) for a, b in zip(split, steps(), strict=True))
+
+
 def test_one_row_and_other_activations_take_torch() -> None:
     generator = torch.Generator().manual_seed(3)
     norm = _Norm(64, generator)

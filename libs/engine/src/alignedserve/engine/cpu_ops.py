@@ -4,7 +4,8 @@ In a decode step of a few rows, the RMSNorms, residual adds, rotary positions an
 torch calls a layer whose time is mostly per-call overhead (docs/benchmarks.md, "Decode on the AVX-512
 BF16 host"); here each is one call: the residual add with the next norm, q/k's rotation, SiLU with its
 product. They round to bfloat16 where torch does (`model.TorchLayerOps`) and the RMS adds its squares in
-ATen's order, so all but the SiLU (whose expf may differ by an ulp) are torch's bit for bit.
+ATen's order, so all but the SiLU (whose expf may differ by an ulp) are torch's bit for bit. Each splits
+its rows across torch's intra-op threads (`cpu_kernels.run_threaded`).
 `CpuLayerOps` runs all four, for decode forwards where the "cpu" decode backend runs
 (`engine._decode_model`); `ExactCpuLayerOps` only the bit-exact ones, for prefill (`engine._prefill_model`),
 after checking them against torch on the model's shapes. One-row calls, and shapes the kernels do not
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, available, bound
+from alignedserve.engine.cpu_kernels import I64, PTR, KernelUnavailable, available, bound, run_threaded
 from alignedserve.engine.model import TorchLayerOps, signed_sin
 
 __all__ = ["CpuLayerOps", "ExactCpuLayerOps", "KernelUnavailable", "first_mismatch", "kernel_available"]
@@ -37,10 +38,10 @@ def library() -> ctypes.CDLL:
     return bound(
         "cpu_ops.c",
         {
-            "add_rms_norm_bf16": [PTR, I64, PTR, I64, PTR, PTR, I64, I64, I64, ctypes.c_float, I64],
+            "add_rms_norm_bf16": [PTR, I64, PTR, I64, PTR, PTR, I64, I64, I64, ctypes.c_float, I64, I64],
             "aten_sum_rows": [PTR, I64, I64, I64, PTR],
-            "rotary_bf16": [PTR, I64, PTR, PTR, PTR, I64, I64, I64],
-            "silu_mul_bf16": [PTR, I64, PTR, I64, PTR, I64, I64],
+            "rotary_bf16": [PTR, I64, PTR, PTR, PTR, I64, I64, I64, I64],
+            "silu_mul_bf16": [PTR, I64, PTR, I64, PTR, I64, I64, I64],
         },
     )
 
@@ -96,11 +97,11 @@ class CpuLayerOps:
             return self.torch.add_rms_norm(module, h, delta)
         out = torch.empty_like(h)
         delta_ptr, delta_ld = (None, 0) if delta is None else (delta.data_ptr(), delta.stride(0))
-        status = library().add_rms_norm_bf16(
+        arguments = (
             h.data_ptr(), h.stride(0), delta_ptr, delta_ld, weight.data_ptr(),
             out.data_ptr(), out.stride(0), rows, hidden, module.variance_epsilon, self.lanes,
         )  # fmt: skip
-        _check(status, f"an RMSNorm of {hidden}")
+        run_threaded(library().add_rms_norm_bf16, arguments, f"an RMSNorm of {hidden}")
         return h, out
 
     def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -109,10 +110,10 @@ class CpuLayerOps:
             return self.torch.rotary(x, cos, sin)
         cos, sin = cos.reshape(tokens, dim).contiguous(), sin.reshape(tokens, dim).contiguous()
         out = torch.empty(tokens, vectors, dim, dtype=x.dtype, device=x.device)
-        status = library().rotary_bf16(
-            x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), tokens, vectors, dim
-        )
-        _check(status, f"rotary positions of d={dim}")
+        arguments = (
+            x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), tokens, vectors, dim,
+        )  # fmt: skip
+        run_threaded(library().rotary_bf16, arguments, f"rotary positions of d={dim}")
         return out
 
     def silu_mul(self, act_fn: Any, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -120,10 +121,10 @@ class CpuLayerOps:
         if not (self.silu and _rows_ok(gate) and up.stride(-1) == 1) or width % 16:
             return self.torch.silu_mul(act_fn, gate, up)
         out = torch.empty(rows, width, dtype=gate.dtype, device=gate.device)
-        status = library().silu_mul_bf16(
-            gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(), rows, width
-        )
-        _check(status, f"a gated SiLU of {width}")
+        arguments = (
+            gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(), rows, width,
+        )  # fmt: skip
+        run_threaded(library().silu_mul_bf16, arguments, f"a gated SiLU of {width}")
         return out
 
 
