@@ -88,8 +88,10 @@ def test_two_threads_give_each_steps_one_thread_bits() -> None:
     """The rows split across torch's threads (`cpu_parallel.h`); each row is computed alone either way."""
     generator = torch.Generator().manual_seed(4)
     norm, ops = _Norm(576, generator), cpu_ops.CpuLayerOps(silu=True)
-    h, delta = (torch.randn(17, 576, generator=generator) * 3).bfloat16(), torch.randn(17, 576).bfloat16()
-    gate, up = (torch.randn(17, 1536, generator=generator) * 4).bfloat16(), torch.randn(17, 1536).bfloat16()
+    h = (torch.randn(17, 576, generator=generator) * 3).bfloat16()
+    delta = torch.randn(17, 576, generator=generator).bfloat16()
+    gate = (torch.randn(17, 1536, generator=generator) * 4).bfloat16()
+    up = torch.randn(17, 1536, generator=generator).bfloat16()
     qk = torch.randn(17, 12, 64, generator=generator).bfloat16()
     angles = torch.randn(17, 1, 64, generator=generator)
     cos, sin = angles.cos().bfloat16(), signed_sin(angles.sin().bfloat16())

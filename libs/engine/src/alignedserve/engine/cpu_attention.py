@@ -10,10 +10,10 @@ signature. `paged_prefill` attends one request's chunk to its cached prefix and 
 backend (`CpuKernelDecode`) runs both: batches of one decode row keep the "torch" path, whose SDPA call
 is the accuracy contract's batch-1 reference bit for bit.
 
-The C source is built and loaded by `cpu_kernels` (once per host, with the system C compiler). Work items
-(decode: row x KV head; prefill: KV head) are split across torch's intra-op threads by the kernels themselves
-(`cpu_parallel.h`). No compiler, or a CPU
-without AVX-512 BF16: `kernel_available()` is False and "auto" stays on "torch".
+The C source is built and loaded by `cpu_kernels` (once per host, with the system C compiler). The kernels
+split their work items (decode: row x KV head; prefill: KV head) across torch's intra-op threads themselves
+(`cpu_parallel.h`). No compiler, or a CPU without AVX-512 BF16: `kernel_available()` is False and "auto"
+stays on "torch".
 """
 
 from __future__ import annotations

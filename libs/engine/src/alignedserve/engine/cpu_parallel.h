@@ -10,6 +10,13 @@
 #define ALIGNEDSERVE_CPU_PARALLEL_H
 #include <stdint.h>
 
+// At most `threads`, each with at least `min_per_thread` of `work` (and one at least): for kernels whose
+// whole call can be so small that a second thread's start and join cost more than it saves.
+static inline int64_t team_for(int64_t threads, int64_t work, int64_t min_per_thread) {
+    const int64_t most = work / min_per_thread;
+    return most < 1 ? 1 : most < threads ? most : threads;
+}
+
 #ifdef _OPENMP
 #include <omp.h>
 // The status of CALL over near-equal ranges first .. last - 1 of items 0 .. items - 1, one range per thread
